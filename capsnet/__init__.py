@@ -1,0 +1,8 @@
+"""capsnet: Capsule Networks (Sabour, Frosst & Hinton 2017) in PyTorch."""
+__version__ = "0.1.0"
+
+from capsnet.config import CapsNetConfig, CNNConfig, make_config  # noqa: E402
+from capsnet.models import CapsNet, CNNBaseline, build_model  # noqa: E402
+
+__all__ = ["CapsNet", "CapsNetConfig", "CNNBaseline", "CNNConfig", "build_model", "make_config",
+           "__version__"]

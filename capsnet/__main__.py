@@ -1,0 +1,5 @@
+import sys
+
+from capsnet.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The command-line application (imports the library; the library never imports it)."""

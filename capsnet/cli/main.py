@@ -1,0 +1,40 @@
+"""The `capsnet` command: one subcommand per module in capsnet.cli."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional
+
+from capsnet import __version__
+from capsnet.cli.common import USER_ERRORS
+
+# Modules under capsnet.cli, each with add_parser(subparsers) and run(args, argv) -> int.
+COMMANDS = ["train", "evaluate"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="capsnet", description="Capsule Networks "
+                                     "(Sabour, Frosst & Hinton 2017) on MNIST, in PyTorch.")
+    parser.add_argument("--version", action="version", version=f"capsnet {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"capsnet.cli.{name}").add_parser(subparsers)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args, argv)
+    except USER_ERRORS as exc:
+        print(f"capsnet: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("capsnet: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

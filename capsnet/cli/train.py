@@ -1,0 +1,69 @@
+"""`capsnet train`: train CapsNet or the CNN baseline."""
+from __future__ import annotations
+
+import argparse
+
+from capsnet.cli.common import add_data_args, add_device_arg
+from capsnet.config import PRESETS
+from capsnet.training.fit import PRECISIONS, fit
+from capsnet.training.settings import TrainSettings
+
+DEFAULTS = TrainSettings()
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train a model",
+                              description="Train CapsNet (or the paper's CNN baseline). Holds out "
+                              "a validation split for model selection and tests once at the end.")
+    p.add_argument("--model", default=DEFAULTS.model, choices=["capsnet", "cnn"])
+    p.add_argument("--preset", default=DEFAULTS.preset, choices=sorted(PRESETS),
+                   help="layer sizes: 'paper' or the narrow 'small' for quick CPU runs")
+    add_data_args(p)
+    p.add_argument("--epochs", type=int, default=DEFAULTS.epochs)
+    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
+    p.add_argument("--lr", type=float, default=DEFAULTS.lr, help="Adam learning rate")
+    p.add_argument("--lr-decay", type=float, default=DEFAULTS.lr_decay,
+                   help="learning-rate factor applied after each epoch")
+    p.add_argument("--routing-iterations", type=int, default=DEFAULTS.routing_iterations)
+    p.add_argument("--reconstruction-weight", type=float, default=DEFAULTS.reconstruction_weight,
+                   help="0 trains CapsNet without the decoder")
+    p.add_argument("--max-shift", type=int, default=DEFAULTS.max_shift,
+                   help="random shift augmentation in pixels (0 disables)")
+    p.add_argument("--subset", type=int, default=None,
+                   help="train on the first N images of the training pool")
+    p.add_argument("--val-size", type=int, default=DEFAULTS.val_size,
+                   help="validation images held out of the training set (0: train on all)")
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    add_device_arg(p)
+    p.add_argument("--precision", default=DEFAULTS.precision, choices=sorted(PRECISIONS))
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--monitor-test", action="store_true",
+                   help="also report test accuracy after every epoch (monitoring only)")
+    p.add_argument("--out-dir", default=DEFAULTS.out_dir, help="run directory")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",
+                   help="continue a stopped run (its settings are reused; --epochs may extend it)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    values = {k: v for k, v in vars(args).items() if k in TrainSettings.__dataclass_fields__}
+    settings = TrainSettings(**values)
+    if args.resume:
+        settings = _settings_for_resume(args, settings)
+    fit(settings, resume=args.resume, argv=argv)
+    return 0
+
+
+def _settings_for_resume(args: argparse.Namespace, given: TrainSettings) -> TrainSettings:
+    """The stopped run's own settings, with only epochs, device, output and progress taken
+    from this command line."""
+    from capsnet.training.checkpoint import load_checkpoint
+    from capsnet.training.fit import resolve_resume
+
+    saved = load_checkpoint(resolve_resume(args.resume)).get("train_settings")
+    if saved is None:
+        return given
+    settings = TrainSettings.from_dict(saved)
+    settings.epochs, settings.device, settings.progress = given.epochs, given.device, given.progress
+    return settings

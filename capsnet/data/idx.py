@@ -1,0 +1,189 @@
+"""Reading and writing IDX files, the format of the MNIST and Fashion-MNIST files.
+
+An IDX file is a 4-byte magic number ``00 00 <type code> <ndim>``, then ``ndim``
+big-endian uint32 dimension sizes, then the payload: ``prod(dims)`` items of the
+type, big-endian, in C order. Files may be gzip-compressed; compression is
+recognised by its magic bytes, never by the file name.
+
+Every problem with a file (missing, unreadable, corrupt gzip, bad header, wrong
+payload size) raises :class:`IDXError`, whose one-line message starts with the path.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+import zlib
+from pathlib import Path
+from typing import BinaryIO, Union
+
+import numpy as np
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+GZIP_MAGIC = b"\x1f\x8b"
+GZIP_SUFFIX = ".gz"
+GZIP_LEVEL = 6  # zlib's default: 9 is several times slower for a few percent
+MAGIC_SIZE = 4
+DIM_SIZE = 4  # each dimension size is a big-endian uint32
+MAX_NDIM = 8
+DEFAULT_MAX_BYTES = 1 << 31
+
+# IDX type code -> big-endian numpy dtype of the payload.
+TYPE_CODES: dict[int, np.dtype] = {
+    0x08: np.dtype(">u1"),
+    0x09: np.dtype(">i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+DTYPE_CODES: dict[np.dtype, int] = {dt.newbyteorder("="): code for code, dt in TYPE_CODES.items()}
+
+# What a damaged gzip stream raises while being decompressed.
+GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error, OSError)
+
+
+class IDXError(ValueError):
+    """A file that is missing, unreadable or not a valid IDX file; message names the file."""
+
+    def __init__(self, path: PathLike, reason: str):
+        super().__init__(f"{os.fspath(path)}: {reason}")
+        self.path = os.fspath(path)
+        self.reason = reason
+
+    def __reduce__(self):
+        """Pickle by the constructor's arguments (exceptions cross process boundaries)."""
+        return type(self), (self.path, self.reason)
+
+
+def is_gzip(path: PathLike) -> bool:
+    """True when the file starts with the gzip magic bytes (1f 8b)."""
+    with open(path, "rb") as f:
+        return f.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+
+
+def open_maybe_gzip(path: PathLike) -> BinaryIO:
+    """Open ``path`` for binary reading, decompressing it when it is gzip.
+
+    Raises IDXError when the file is missing or cannot be opened.
+    """
+    try:
+        if is_gzip(path):
+            return gzip.open(path, "rb")
+        return open(path, "rb")
+    except FileNotFoundError as err:
+        raise IDXError(path, "file not found") from err
+    except OSError as err:
+        raise IDXError(path, f"cannot open file: {err.strerror or err}") from err
+
+
+def _read_up_to(f: BinaryIO, size: int) -> bytes:
+    """Read ``size`` bytes, or fewer only at end of file."""
+    chunks, remaining = [], size
+    while remaining > 0:
+        chunk = f.read(remaining)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_header(f: BinaryIO, path: PathLike) -> tuple[np.dtype, tuple[int, ...]]:
+    """Parse the magic number and the dimension sizes; returns (big-endian dtype, shape)."""
+    magic = _read_up_to(f, MAGIC_SIZE)
+    if not magic:
+        raise IDXError(path, "empty file")
+    if len(magic) < MAGIC_SIZE:
+        raise IDXError(path, f"truncated IDX header: {len(magic)} of {MAGIC_SIZE} magic bytes")
+    if magic[:2] != b"\x00\x00":
+        raise IDXError(path, f"not an IDX file: magic {magic.hex()} does not start with 0000")
+    type_code, ndim = magic[2], magic[3]
+    if type_code not in TYPE_CODES:
+        known = ", ".join(f"0x{c:02X}" for c in TYPE_CODES)
+        raise IDXError(path, f"unknown IDX type code 0x{type_code:02X} (known: {known})")
+    if not 1 <= ndim <= MAX_NDIM:
+        raise IDXError(path, f"IDX header has {ndim} dimensions, expected 1..{MAX_NDIM}")
+    raw_dims = _read_up_to(f, ndim * DIM_SIZE)
+    if len(raw_dims) < ndim * DIM_SIZE:
+        raise IDXError(path, f"truncated IDX header: {ndim} dimensions need {ndim * DIM_SIZE} bytes, "
+                             f"found {len(raw_dims)}")
+    shape = tuple(int(d) for d in np.frombuffer(raw_dims, dtype=">u4"))
+    if any(d == 0 for d in shape):
+        raise IDXError(path, f"IDX header has a zero dimension size: {shape}")
+    return TYPE_CODES[type_code], shape
+
+
+def _read_payload(f: BinaryIO, path: PathLike, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Read exactly the claimed payload into a new array; one byte more is an error."""
+    array = np.empty(shape, dtype=dtype)
+    view = memoryview(array).cast("B")
+    claimed, filled = view.nbytes, 0
+    while filled < claimed:
+        n = f.readinto(view[filled:])
+        if not n:
+            raise IDXError(path, f"truncated IDX file: header claims {claimed} bytes of data, found {filled}")
+        filled += n
+    if f.read(1):
+        raise IDXError(path, f"IDX file has trailing bytes after the {claimed} bytes of data its header claims")
+    return array
+
+
+def read_idx(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
+    """Read an IDX file (raw or gzip) into a native-endian numpy array of shape ``dims``.
+
+    ``max_bytes`` bounds the payload the header may claim; a larger claim is refused
+    before anything is allocated. At most the claimed payload plus one byte is read.
+    Raises IDXError (a ValueError) for every problem, a missing file included.
+    """
+    with open_maybe_gzip(path) as f:
+        try:
+            dtype, shape = _read_header(f, path)
+            claimed = int(np.prod(shape, dtype=np.uint64)) * dtype.itemsize
+            if claimed > max_bytes:
+                raise IDXError(path, f"header claims {claimed} bytes, more than the limit {max_bytes}")
+            array = _read_payload(f, path, dtype, shape)
+        except GZIP_ERRORS as err:
+            kind = "corrupt gzip data" if isinstance(f, gzip.GzipFile) else "read error"
+            raise IDXError(path, f"{kind}: {err}") from err
+    return array.astype(dtype.newbyteorder("="), copy=False)
+
+
+def _idx_header(array: np.ndarray) -> bytes:
+    """The magic number and dimension sizes that describe ``array``."""
+    code = DTYPE_CODES.get(array.dtype.newbyteorder("="))
+    if code is None:
+        known = ", ".join(str(dt) for dt in DTYPE_CODES)
+        raise ValueError(f"IDX cannot store dtype {array.dtype} (supported: {known})")
+    if not 1 <= array.ndim <= MAX_NDIM or 0 in array.shape:
+        raise ValueError(f"IDX needs 1..{MAX_NDIM} non-zero dimensions, got shape {array.shape}")
+    dims = np.asarray(array.shape, dtype=">u4").tobytes()
+    return bytes([0, 0, code, array.ndim]) + dims
+
+
+def write_idx(path: PathLike, array: np.ndarray) -> None:
+    """Write ``array`` as an IDX file, gzip-compressed when ``path`` ends in ``.gz``.
+
+    The file appears atomically: it is written to a temporary file in the same
+    directory and then renamed over ``path``.
+    """
+    array = np.asarray(array)
+    header = _idx_header(array)
+    payload = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder(">")).tobytes()
+    path = Path(path)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            if path.name.endswith(GZIP_SUFFIX):
+                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
+                    gz.write(header)
+                    gz.write(payload)
+            else:
+                raw.write(header)
+                raw.write(payload)
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,274 @@
+"""Where the dataset files come from: known datasets, local lookup, verified download.
+
+A dataset is four IDX files (train/test images and labels). Each may be stored raw
+(``train-images-idx3-ubyte``) or gzip-compressed (``train-images-idx3-ubyte.gz``);
+checksums are always of the decompressed content, so both forms verify alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from http.client import HTTPException
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Union
+
+from capsnet.data.idx import GZIP_ERRORS, GZIP_MAGIC, GZIP_SUFFIX, IDXError, open_maybe_gzip
+
+FILE_KEYS = ("train_images", "train_labels", "test_images", "test_labels")
+DATA_DIR_ENV = "CAPSNET_DATA_DIR"
+CACHE_DIR_ENV = "CAPSNET_CACHE_DIR"
+XDG_CACHE_ENV = "XDG_CACHE_HOME"
+CACHE_SUBDIR = "capsnet"
+CHUNK_BYTES = 1 << 20
+DOWNLOAD_TIMEOUT_S = 30
+MAX_DOWNLOAD_BYTES = 1 << 30  # the largest file, train images, is about 26 MB compressed
+
+# progress(file_name, bytes_received, bytes_total or None)
+ProgressFn = Callable[[str, int, Optional[int]], None]
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A dataset of four IDX files and where to find or fetch them.
+
+    ``files`` maps each of FILE_KEYS to ``(file name without .gz, md5 of the
+    decompressed content or None for 'not verified')``. Files are fetched from
+    ``<mirror>/<file name>.gz``, mirrors tried in order.
+    """
+
+    name: str
+    files: Mapping[str, tuple[str, Optional[str]]]
+    mirrors: tuple[str, ...]
+    system_dirs: tuple[str, ...]
+    classes: tuple[str, ...]
+
+    def file_names(self) -> list[str]:
+        """The four file names (without .gz), in FILE_KEYS order."""
+        return [self.files[key][0] for key in FILE_KEYS]
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    "mnist": DatasetSpec(
+        name="mnist",
+        files={
+            "train_images": ("train-images-idx3-ubyte", "6bbc9ace898e44ae57da46a324031adb"),
+            "train_labels": ("train-labels-idx1-ubyte", "a25bea736e30d166cdddb491f175f624"),
+            "test_images": ("t10k-images-idx3-ubyte", "2646ac647ad5339dbf082846283269ea"),
+            "test_labels": ("t10k-labels-idx1-ubyte", "27ae3e4e09519cfbb04c329615203637"),
+        },
+        mirrors=(
+            "https://ossci-datasets.s3.amazonaws.com/mnist",
+            "https://storage.googleapis.com/cvdf-datasets/mnist",
+        ),
+        system_dirs=(),
+        classes=tuple(str(digit) for digit in range(10)),
+    ),
+    "fashion-mnist": DatasetSpec(
+        name="fashion-mnist",
+        files={
+            "train_images": ("train-images-idx3-ubyte", "f4a8712d7a061bf5bd6d2ca38dc4d50a"),
+            "train_labels": ("train-labels-idx1-ubyte", "9018921c3c673c538a1fc5bad174d6f9"),
+            "test_images": ("t10k-images-idx3-ubyte", "8181f5470baa50b63fa0f6fddb340f0a"),
+            "test_labels": ("t10k-labels-idx1-ubyte", "15d484375f8d13e6eb1aabb0c3f46965"),
+        },
+        mirrors=("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com",),
+        system_dirs=("/usr/share/datasets/fashion-mnist",),  # Debian: dataset-fashion-mnist
+        classes=("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                 "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"),
+    ),
+}
+
+
+class DataNotFoundError(RuntimeError):
+    """The dataset files are in none of the places looked at and could not be downloaded."""
+
+
+class ChecksumError(ValueError):
+    """A file's decompressed content does not have the expected MD5."""
+
+
+def get_spec(name_or_spec: Union[str, DatasetSpec]) -> DatasetSpec:
+    """The DatasetSpec for a known name (case-insensitive), or the spec itself."""
+    if isinstance(name_or_spec, DatasetSpec):
+        return name_or_spec
+    spec = DATASETS.get(name_or_spec.lower())
+    if spec is None:
+        raise ValueError(f"unknown dataset {name_or_spec!r}; known: {', '.join(sorted(DATASETS))}")
+    return spec
+
+
+def default_cache_dir() -> Path:
+    """``$CAPSNET_CACHE_DIR``, else ``$XDG_CACHE_HOME/capsnet``, else ``~/.cache/capsnet``."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV]).expanduser()
+    if os.environ.get(XDG_CACHE_ENV):
+        return Path(os.environ[XDG_CACHE_ENV]).expanduser() / CACHE_SUBDIR
+    return Path.home() / ".cache" / CACHE_SUBDIR
+
+
+def file_md5(path: Union[str, os.PathLike]) -> str:
+    """Hex MD5 of the file's decompressed content (gzip or raw), read in chunks.
+
+    Raises IDXError when the file is missing or its gzip stream is corrupt.
+    """
+    digest = hashlib.md5()
+    with open_maybe_gzip(path) as f:
+        try:
+            for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
+                digest.update(chunk)
+        except GZIP_ERRORS as err:
+            raise IDXError(path, f"corrupt gzip data: {err}") from err
+    return digest.hexdigest()
+
+
+def verify_file(path: Union[str, os.PathLike], expected_md5: Optional[str]) -> None:
+    """Raise ChecksumError unless the decompressed MD5 is ``expected_md5`` (None: no check)."""
+    if expected_md5 is None:
+        return
+    actual = file_md5(path)
+    if actual != expected_md5:
+        raise ChecksumError(f"{os.fspath(path)}: checksum mismatch: md5 of the decompressed content "
+                            f"is {actual}, expected {expected_md5}")
+
+
+def find_files(directory: Path, spec: DatasetSpec) -> Optional[dict[str, Path]]:
+    """The four files in ``directory`` (raw preferred over .gz), or None unless all are there."""
+    found = {}
+    for key, (file_name, _) in spec.files.items():
+        raw, packed = directory / file_name, directory / (file_name + GZIP_SUFFIX)
+        path = raw if raw.is_file() else packed if packed.is_file() else None
+        if path is None:
+            return None
+        found[key] = path
+    return found
+
+
+def search_dirs(spec: DatasetSpec, data_dir: Union[str, os.PathLike, None] = None) -> list[Path]:
+    """Directories looked at, in order: data_dir, $CAPSNET_DATA_DIR, the cache, system dirs.
+
+    Each of the first two is tried as given and with ``/<dataset name>`` appended.
+    """
+    dirs = []
+    for base in (data_dir, os.environ.get(DATA_DIR_ENV) or None):
+        if base is not None:
+            base = Path(base).expanduser()
+            dirs += [base, base / spec.name]
+    dirs.append(default_cache_dir() / spec.name)
+    dirs += [Path(d) for d in spec.system_dirs]
+    return dirs
+
+
+def _not_found_message(spec: DatasetSpec, searched: list[Path], download_note: str) -> str:
+    """One line: which files, where they were looked for, where to put them, the download."""
+    return (f"dataset {spec.name!r} not found: need the four files {', '.join(spec.file_names())} "
+            f"(each raw or .gz) in one directory; looked in: {', '.join(map(str, searched))}; "
+            f"put them in a directory given by --data-dir DIR or the environment variable "
+            f"{DATA_DIR_ENV}, or in the cache dir {default_cache_dir() / spec.name}; {download_note}")
+
+
+def locate_dataset(name: Union[str, DatasetSpec], data_dir: Union[str, os.PathLike, None] = None,
+                   download: bool = True) -> dict[str, Path]:
+    """Paths of the four files, keyed by FILE_KEYS; downloads into the cache when missing.
+
+    Looks in ``search_dirs`` order; a directory counts only when it holds all four.
+    Raises ValueError for an unknown name, DataNotFoundError when nothing is found and
+    the download is disabled or fails.
+    """
+    spec = get_spec(name)
+    searched = search_dirs(spec, data_dir)
+    for directory in searched:
+        found = find_files(directory, spec)
+        if found is not None:
+            return found
+    if not download:
+        raise DataNotFoundError(_not_found_message(spec, searched, "download disabled"))
+    try:
+        return download_dataset(spec, default_cache_dir() / spec.name)
+    except (DataNotFoundError, OSError) as err:
+        note = f"download attempted and failed: {err}"
+        raise DataNotFoundError(_not_found_message(spec, searched, note)) from err
+
+
+def _fetch(url: str, dest: Path, timeout: float, progress: Optional[ProgressFn]) -> None:
+    """Stream ``url`` into the file ``dest``, at most MAX_DOWNLOAD_BYTES."""
+    with urllib.request.urlopen(url, timeout=timeout) as response, open(dest, "wb") as out:
+        total = response.headers.get("Content-Length")
+        total = int(total) if total and total.isdigit() else None
+        received = 0
+        for chunk in iter(lambda: response.read(CHUNK_BYTES), b""):
+            received += len(chunk)
+            if received > MAX_DOWNLOAD_BYTES:
+                raise ValueError(f"more than {MAX_DOWNLOAD_BYTES} bytes")
+            out.write(chunk)
+            if progress is not None:
+                progress(dest.name, received, total)
+        if total is not None and received != total:
+            raise ValueError(f"incomplete download: {received} of {total} bytes")
+
+
+def _check_download(path: Path, expected_md5: Optional[str]) -> None:
+    """Raise ValueError unless ``path`` is a complete gzip stream with the expected content."""
+    with open(path, "rb") as f:
+        if f.read(len(GZIP_MAGIC)) != GZIP_MAGIC:
+            raise ValueError("not a gzip file")
+    file_md5(path)  # decompresses it all: a truncated or corrupt stream raises IDXError
+    verify_file(path, expected_md5)
+
+
+def _download_file(base_urls: tuple[str, ...], file_name: str, expected_md5: Optional[str],
+                   dest_dir: Path, timeout: float, progress: Optional[ProgressFn]) -> Path:
+    """Fetch ``<base>/<file_name>.gz`` from the first mirror that gives verified content."""
+    target = dest_dir / (file_name + GZIP_SUFFIX)
+    errors = []
+    for base in base_urls:
+        url = f"{base.rstrip('/')}/{file_name}{GZIP_SUFFIX}"
+        fd, tmp_name = tempfile.mkstemp(dir=dest_dir, prefix=f".{target.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            _fetch(url, Path(tmp_name), timeout, progress)
+            _check_download(Path(tmp_name), expected_md5)
+            os.replace(tmp_name, target)
+            return target
+        except (OSError, HTTPException, ValueError) as err:  # URLError, timeouts, IDX/checksum
+            errors.append(f"{url}: {err}")
+        finally:
+            Path(tmp_name).unlink(missing_ok=True)
+    raise DataNotFoundError(f"could not download {file_name}{GZIP_SUFFIX}: " + "; ".join(errors or ["no mirrors"]))
+
+
+def download_dataset(name_or_spec: Union[str, DatasetSpec], dest_dir: Union[str, os.PathLike],
+                     timeout: float = DOWNLOAD_TIMEOUT_S,
+                     progress: Optional[ProgressFn] = None) -> dict[str, Path]:
+    """Download the four files as ``<dest_dir>/<file>.gz``, verified; returns their paths.
+
+    Each file comes from the first mirror whose content passes the MD5 check; a file
+    already in ``dest_dir`` with the right content is kept. Each file is written to a
+    temporary file and renamed into place, so no partial file is ever visible. Prints
+    nothing; ``progress(file_name, bytes_received, bytes_total)`` is called per chunk.
+    Raises DataNotFoundError naming the file and every mirror's error when all fail.
+    """
+    spec = get_spec(name_or_spec)
+    dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for key, (file_name, md5) in spec.files.items():
+        existing = dest_dir / (file_name + GZIP_SUFFIX)
+        if existing.is_file() and _is_valid(existing, md5):
+            paths[key] = existing
+        else:
+            paths[key] = _download_file(spec.mirrors, file_name, md5, dest_dir, timeout, progress)
+    return paths
+
+
+def _is_valid(path: Path, expected_md5: Optional[str]) -> bool:
+    """True when ``path`` passes the download checks."""
+    try:
+        _check_download(path, expected_md5)
+        return True
+    except (ValueError, OSError):
+        return False

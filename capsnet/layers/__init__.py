@@ -1,0 +1,8 @@
+"""Reusable capsule layers, bottom-up: squash -> PrimaryCaps -> routing -> DigitCaps -> Decoder."""
+from capsnet.layers.decoder import Decoder
+from capsnet.layers.digit_caps import DigitCaps
+from capsnet.layers.primary_caps import PrimaryCaps
+from capsnet.layers.routing import dynamic_routing
+from capsnet.layers.squash import squash
+
+__all__ = ["Decoder", "DigitCaps", "PrimaryCaps", "dynamic_routing", "squash"]

@@ -1,0 +1,33 @@
+"""The reconstruction decoder: masked DigitCaps output -> FC ReLU layers -> sigmoid pixels."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Decoder(nn.Module):
+    """Input poses (B, J, D) and the capsule(s) to keep (B,) or a mask (B, J).
+
+    Output images (B, C, H, W) in [0, 1]. All capsules but the kept one are zeroed,
+    so the decoder sees the whole (J * D)-vector, as in the paper's Figure 2.
+    """
+
+    def __init__(self, num_caps: int, caps_dim: int, hidden: tuple[int, ...],
+                 image_shape: tuple[int, int, int]):
+        super().__init__()
+        self.image_shape = image_shape
+        sizes = (num_caps * caps_dim, *hidden)
+        layers: list[nn.Module] = []
+        for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+            layers += [nn.Linear(n_in, n_out), nn.ReLU(inplace=True)]
+        n_pixels = image_shape[0] * image_shape[1] * image_shape[2]
+        layers += [nn.Linear(sizes[-1], n_pixels), nn.Sigmoid()]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, poses: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        B, J, _ = poses.shape
+        if keep.dim() == 1:  # class indices -> one-hot mask
+            keep = torch.nn.functional.one_hot(keep, J)
+        masked = poses * keep.to(poses.dtype).unsqueeze(-1)  # (B, J, D)
+        pixels = self.net(masked.reshape(B, -1))  # (B, C*H*W)
+        return pixels.view(B, *self.image_shape)  # (B, C, H, W)

@@ -1,0 +1,31 @@
+"""DigitCaps: one transformation matrix per (input capsule, output capsule) pair, then routing."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from capsnet.layers.routing import dynamic_routing
+
+# Standard deviation of the initial transformation matrices (as in the reference code).
+W_INIT_STD = 0.01
+
+
+class DigitCaps(nn.Module):
+    """Input u: (B, I, in_dim). Output v: (B, J, out_dim).
+
+    u_hat = W u is one einsum over named dimensions: W is never copied per example.
+    """
+
+    def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int,
+                 iterations: int, full_graph: bool = False):
+        super().__init__()
+        self.iterations, self.full_graph = iterations, full_graph
+        self.W = nn.Parameter(W_INIT_STD * torch.randn(in_caps, out_caps, out_dim, in_dim))
+
+    def predictions(self, u: torch.Tensor) -> torch.Tensor:
+        """u: (B, I, in_dim) -> u_hat: (B, I, J, out_dim)."""
+        return torch.einsum("ijdk,bik->bijd", self.W, u)  # (B, 1152, 10, 16)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        u_hat = self.predictions(u)  # (B, I, J, D)
+        return dynamic_routing(u_hat, self.iterations, self.full_graph)  # (B, J, D)

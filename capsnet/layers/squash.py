@@ -1,0 +1,25 @@
+"""The squash non-linearity (Sabour et al. 2017, Eq. 1), safe at zero and for huge vectors."""
+from __future__ import annotations
+
+import torch
+
+# Added under the square root so that the gradient at s = 0 stays finite.
+SQUASH_EPS = 1e-12
+
+
+def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """v = |s|^2 / (1 + |s|^2) * s / |s|, along ``dim``.
+
+    The vector is first divided by its largest absolute entry, so no square overflows
+    even for entries near the float32 limit, and the length factor is written as
+    ``1 - 1 / (1 + |s|^2)``, which tends to 1 (not inf/inf) for huge vectors.
+    Because the result is identical for any positive rescaling constant, the
+    rescaling is detached and the gradient is exact.
+
+    Input: any shape (..., D, ...). Output: same shape, length along ``dim`` in [0, 1).
+    """
+    scale = s.detach().abs().amax(dim=dim, keepdim=True).clamp_min(torch.finfo(s.dtype).tiny)
+    t = s / scale  # entries in [-1, 1]
+    t_norm = torch.sqrt(t.pow(2).sum(dim=dim, keepdim=True) + SQUASH_EPS)
+    norm = scale * t_norm  # |s|
+    return t / t_norm * (1 - 1 / (1 + norm.pow(2)))

@@ -1,0 +1,40 @@
+"""Model assemblies and the few functions that treat every model alike."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from capsnet.config import CapsNetConfig, CNNConfig
+from capsnet.models.capsnet import CapsNet, CapsuleOutput
+from capsnet.models.cnn_baseline import CNNBaseline
+
+MODELS = {"capsnet": CapsNet, "cnn": CNNBaseline}
+
+
+def model_name_of(config) -> str:
+    """'capsnet' or 'cnn' for a config object."""
+    if isinstance(config, CapsNetConfig):
+        return "capsnet"
+    if isinstance(config, CNNConfig):
+        return "cnn"
+    raise TypeError(f"not a model config: {type(config).__name__}")
+
+
+def build_model(config) -> nn.Module:
+    """A fresh model for a :class:`CapsNetConfig` or :class:`CNNConfig`."""
+    return MODELS[model_name_of(config)](config)
+
+
+def class_scores(output) -> torch.Tensor:
+    """Per-class scores (B, J) of any model's output: capsule lengths or softmax probabilities."""
+    if isinstance(output, CapsuleOutput):
+        return output.lengths
+    return torch.softmax(output.float(), dim=-1)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["CapsNet", "CapsuleOutput", "CNNBaseline", "MODELS", "build_model", "class_scores",
+           "count_parameters", "model_name_of"]

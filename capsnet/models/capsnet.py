@@ -1,0 +1,47 @@
+"""CapsNet (Sabour, Frosst & Hinton 2017, Figure 1): Conv1 -> PrimaryCaps -> DigitCaps -> Decoder."""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+from torch import nn
+
+from capsnet.config import CapsNetConfig
+from capsnet.layers import Decoder, DigitCaps, PrimaryCaps
+
+
+class CapsuleOutput(NamedTuple):
+    lengths: torch.Tensor  # (B, J) capsule lengths: the class scores
+    poses: torch.Tensor  # (B, J, D) DigitCaps output vectors v
+    reconstructions: Optional[torch.Tensor]  # (B, C, H, W), None without a decoder
+
+
+class CapsNet(nn.Module):
+    """Input images (B, C, H, W) scaled to [0, 1]; output :class:`CapsuleOutput`.
+
+    The decoder is fed the poses masked by ``labels`` when given (training), else by
+    the longest capsule (inference).
+    """
+
+    def __init__(self, config: CapsNetConfig = CapsNetConfig()):
+        super().__init__()
+        cfg = self.config = config
+        self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv1_channels, kernel_size=cfg.conv1_kernel)
+        self.primary_caps = PrimaryCaps(cfg.conv1_channels, cfg.primary_types, cfg.primary_dim,
+                                        cfg.primary_kernel, cfg.primary_stride)
+        self.digit_caps = DigitCaps(cfg.num_primary_caps, cfg.primary_dim, cfg.num_classes,
+                                    cfg.digit_dim, cfg.routing_iterations, cfg.routing_full_graph)
+        image_shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
+        self.decoder = (Decoder(cfg.num_classes, cfg.digit_dim, cfg.decoder_hidden, image_shape)
+                        if cfg.use_decoder else None)
+
+    def forward(self, x: torch.Tensor, labels: Optional[torch.Tensor] = None) -> CapsuleOutput:
+        h = torch.relu(self.conv1(x))  # (B, 256, 20, 20)
+        u = self.primary_caps(h)  # (B, 1152, 8)
+        v = self.digit_caps(u)  # (B, 10, 16)
+        lengths = torch.linalg.vector_norm(v, dim=-1)  # (B, 10)
+        reconstructions = None
+        if self.decoder is not None:
+            keep = labels if labels is not None else lengths.argmax(dim=-1)  # (B,)
+            reconstructions = self.decoder(v, keep)  # (B, 1, 28, 28)
+        return CapsuleOutput(lengths, v, reconstructions)

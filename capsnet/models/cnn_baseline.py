@@ -1,0 +1,32 @@
+"""The paper's baseline CNN (Sabour et al. 2017, section 5): about 35.4M parameters."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from capsnet.config import CNNConfig
+
+
+class CNNBaseline(nn.Module):
+    """Three 'same'-padded 5x5 conv layers with ReLU, then FC 328 -> FC 192 -> classes,
+    with dropout before the last layer. Input (B, C, H, W); output logits (B, classes)."""
+
+    def __init__(self, config: CNNConfig = CNNConfig()):
+        super().__init__()
+        cfg = self.config = config
+        convs: list[nn.Module] = []
+        channels = (cfg.in_channels, *cfg.conv_channels)
+        for c_in, c_out in zip(channels[:-1], channels[1:]):
+            convs += [nn.Conv2d(c_in, c_out, cfg.conv_kernel, padding=cfg.conv_kernel // 2),
+                      nn.ReLU(inplace=True)]
+        self.features = nn.Sequential(*convs)
+        sizes = (cfg.conv_channels[-1] * cfg.image_size**2, *cfg.fc_hidden)
+        fcs: list[nn.Module] = []
+        for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+            fcs += [nn.Linear(n_in, n_out), nn.ReLU(inplace=True)]
+        self.classifier = nn.Sequential(*fcs, nn.Dropout(cfg.dropout),
+                                        nn.Linear(sizes[-1], cfg.num_classes))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.features(x)  # (B, 128, 28, 28)
+        return self.classifier(h.flatten(1))  # (B, 10)

@@ -1,0 +1,238 @@
+"""A whole training run: data on the device, epochs, validation selection, checkpoints, resume."""
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from capsnet.config import make_config
+from capsnet.data.datasets import ImageDataset, load_dataset
+from capsnet.data.splits import _mix, epoch_order, stratified_split
+from capsnet.devices import pick_device
+from capsnet.models import build_model
+from capsnet.training.checkpoint import load_checkpoint, save_checkpoint, unwrap
+from capsnet.training.loop import NonFiniteLossError, StepOptions, evaluate, train_one_epoch
+from capsnet.training.metrics_log import MetricsLog
+from capsnet.training.settings import TrainSettings
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+
+
+@dataclass
+class RunData:
+    """The dataset on the training device, with the index sets of the run's split."""
+
+    train: ImageDataset  # the full training set (N, H, W) uint8
+    test: ImageDataset
+    train_idx: torch.Tensor  # (M,) indices used for training
+    val_idx: torch.Tensor  # (V,) held-out validation indices, possibly empty
+
+
+def prepare_data(settings: TrainSettings, device: torch.device) -> RunData:
+    """Load the dataset, carve the validation split, apply --subset, move to ``device``."""
+    train, test = load_dataset(settings.dataset, settings.data_dir, settings.download)
+    train_idx, val_idx = stratified_split(train.labels, settings.val_size, settings.seed)
+    if settings.subset is not None:
+        train_idx = train_idx[: settings.subset]
+    return RunData(train.to(device), test.to(device), train_idx.to(device), val_idx.to(device))
+
+
+def build_for(settings: TrainSettings, data: RunData, device: torch.device):
+    """Model, optimiser (Adam) and scheduler (exponential decay per epoch) for a run."""
+    config = make_config(settings.model, settings.preset,
+                         image_size=data.train.images.shape[-1],
+                         num_classes=len(data.train.classes),
+                         routing_iterations=settings.routing_iterations,
+                         use_decoder=settings.reconstruction_weight > 0)
+    model = build_model(config).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=settings.lr_decay)
+    return model, optimizer, scheduler
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def resolve_resume(path: str | Path) -> Path:
+    """A run directory or checkpoint file -> the checkpoint to resume from."""
+    path = Path(path)
+    return path / "last.pt" if path.is_dir() else path
+
+
+def fit(settings: TrainSettings, resume: Optional[str] = None, argv: Optional[list[str]] = None,
+        log: Callable[[str], None] = print) -> dict:
+    """Train as ``settings`` say, writing everything to ``settings.out_dir``.
+    Returns the final results (also written to results.json)."""
+    device = pick_device(settings.device)
+    torch.manual_seed(settings.seed)
+    random.seed(settings.seed)
+    run_dir = Path(settings.out_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(settings, device)
+    model, optimizer, scheduler = build_for(settings, data, device)
+    state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None}
+    if resume is not None:
+        state = _restore(resolve_resume(resume), model, optimizer, scheduler, device)
+        log(f"resuming {resume} after epoch {state['epoch']}")
+    _describe_run(run_dir, settings, model, argv)
+    log(f"{settings.model} on {settings.dataset}: {len(data.train_idx)} training, "
+        f"{len(data.val_idx)} validation, {len(data.test.labels)} test images; device {device}")
+    step_model = torch.compile(model) if settings.compile else model
+    metrics = MetricsLog(run_dir)
+    try:
+        for epoch in range(state["epoch"] + 1, settings.epochs + 1):
+            row = _run_epoch(settings, step_model, optimizer, data, epoch, device)
+            scheduler.step()
+            improved = _select(row, state, epoch)
+            state["epoch"] = epoch
+            ckpt = dict(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+                        rng=rng_state(), train_settings=settings.to_dict(), metrics=row, **state)
+            save_checkpoint(run_dir / "last.pt", model, **ckpt)
+            if improved:
+                save_checkpoint(run_dir / "best.pt", model, **ckpt)
+            metrics.log(row)
+            log(_epoch_line(row, improved))
+    except NonFiniteLossError as exc:
+        raise NonFiniteLossError(f"{exc}; stopped. The last good checkpoint is "
+                                 f"{run_dir / 'last.pt'} (epoch {state['epoch']}).") from None
+    finally:
+        metrics.close()
+    return _final_report(settings, model, data, run_dir, state, log)
+
+
+def _restore(path: Path, model, optimizer, scheduler, device) -> dict:
+    payload = load_checkpoint(path, map_location=device)
+    unwrap(model).load_state_dict(payload["state_dict"])
+    optimizer.load_state_dict(payload["optimizer"])
+    scheduler.load_state_dict(payload["scheduler"])
+    set_rng_state(payload["rng"])
+    return {k: payload[k] for k in ("epoch", "best_val_accuracy", "best_epoch")}
+
+
+def _describe_run(run_dir: Path, settings: TrainSettings, model, argv) -> None:
+    """Write the resolved settings, model config and command line into the run directory."""
+    from capsnet.config import config_to_dict
+
+    (run_dir / "config.json").write_text(json.dumps(
+        {"settings": settings.to_dict(), "model_config": config_to_dict(unwrap(model).config)},
+        indent=2) + "\n")
+    command = " ".join(["capsnet", *(argv if argv is not None else sys.argv[1:])])
+    with open(run_dir / "command.txt", "a") as f:
+        f.write(command + "\n")
+
+
+def _run_epoch(settings: TrainSettings, model, optimizer, data: RunData, epoch: int,
+               device: torch.device) -> dict:
+    order = data.train_idx[epoch_order(len(data.train_idx), settings.seed, epoch, device)]
+    generator = torch.Generator(device=device).manual_seed(_mix(settings.seed, epoch) + 1)
+    options = StepOptions(settings.batch_size, settings.max_shift,
+                          settings.reconstruction_weight, PRECISIONS[settings.precision])
+    lr = optimizer.param_groups[0]["lr"]
+    start = time.perf_counter()
+    with _progress(settings, epoch, len(order)) as on_progress:
+        train = train_one_epoch(model, optimizer, data.train.images, data.train.labels, order,
+                                options, generator, on_progress)
+    seconds = time.perf_counter() - start
+    row = {"epoch": epoch, "lr": lr, "train_loss": train["loss"],
+           "train_accuracy": train["accuracy"], "epoch_seconds": round(seconds, 3),
+           "images_per_second": round(len(order) / seconds, 1)}
+    if len(data.val_idx):
+        val = evaluate(model, data.train.images[data.val_idx], data.train.labels[data.val_idx],
+                       reconstruction_weight=settings.reconstruction_weight,
+                       amp_dtype=options.amp_dtype)
+        row.update(val_loss=val.loss, val_accuracy=val.accuracy)
+    if settings.monitor_test:
+        test = evaluate(model, data.test.images, data.test.labels,
+                        reconstruction_weight=settings.reconstruction_weight,
+                        amp_dtype=options.amp_dtype)
+        row.update(test_accuracy_monitoring=test.accuracy)
+    return row
+
+
+def _select(row: dict, state: dict, epoch: int) -> bool:
+    """Update the best epoch by validation accuracy (the last epoch when there is no validation)."""
+    score = row.get("val_accuracy")
+    if score is None:
+        state.update(best_epoch=epoch)
+        return True
+    if score > state["best_val_accuracy"]:
+        state.update(best_val_accuracy=score, best_epoch=epoch)
+        return True
+    return False
+
+
+def _epoch_line(row: dict, improved: bool) -> str:
+    parts = [f"epoch {row['epoch']}", f"loss {row['train_loss']:.4f}",
+             f"train acc {row['train_accuracy']:.4f}"]
+    if "val_accuracy" in row:
+        parts.append(f"val acc {row['val_accuracy']:.4f}" + (" (best)" if improved else ""))
+    if "test_accuracy_monitoring" in row:
+        parts.append(f"test acc {row['test_accuracy_monitoring']:.4f} (monitoring only)")
+    parts.append(f"{row['epoch_seconds']:.1f}s, {row['images_per_second']:.0f} img/s")
+    return " | ".join(parts)
+
+
+def _final_report(settings, model, data: RunData, run_dir: Path, state: dict, log) -> dict:
+    """Evaluate the test set once for the final and the validation-selected model."""
+    from capsnet.training.checkpoint import model_from_checkpoint
+
+    kwargs = dict(reconstruction_weight=settings.reconstruction_weight)
+    final = evaluate(model, data.test.images, data.test.labels, **kwargs)
+    results = {"epochs": state["epoch"], "final": final.as_dict()}
+    best_path = run_dir / "best.pt"
+    if len(data.val_idx) and best_path.exists():
+        best_model = model_from_checkpoint(best_path, map_location=data.test.images.device)
+        best = evaluate(best_model, data.test.images, data.test.labels, **kwargs)
+        results.update(best_epoch=state["best_epoch"], best_val_accuracy=state["best_val_accuracy"],
+                       best=best.as_dict())
+        log(f"test accuracy {best.accuracy:.4f} (error {100 * best.error:.2f}%) for the "
+            f"validation-selected epoch {state['best_epoch']}; "
+            f"{final.accuracy:.4f} for the final epoch {state['epoch']}")
+    else:
+        log(f"test accuracy {final.accuracy:.4f} (error {100 * final.error:.2f}%) "
+            f"after the final epoch {state['epoch']} (no validation split)")
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+class _progress:
+    """Context manager yielding an on_progress callback that drives a tqdm bar."""
+
+    def __init__(self, settings: TrainSettings, epoch: int, total: int):
+        self.enabled, self.epoch, self.total = settings.progress, epoch, total
+        self.bar = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=self.total, desc=f"epoch {self.epoch}", unit="img",
+                        leave=False, dynamic_ncols=True)
+
+        def update(done: int, loss: float, accuracy: float) -> None:
+            self.bar.update(done - self.bar.n)
+            self.bar.set_postfix(loss=f"{loss:.4f}", acc=f"{accuracy:.4f}")
+
+        return update
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,132 @@
+"""One epoch of training and one pass of evaluation over tensors already on the device."""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from capsnet.data.augment import random_shift, to_model_input
+from capsnet.losses import model_loss
+from capsnet.models import class_scores
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+@dataclass
+class StepOptions:
+    """How each training step is run."""
+
+    batch_size: int = 128
+    max_shift: int = 2  # the paper's augmentation: shifts of up to 2 pixels
+    reconstruction_weight: float = 0.0005
+    amp_dtype: Optional[torch.dtype] = None  # e.g. torch.bfloat16 on a GPU
+    check_every: int = 20  # steps between loss read-backs (finite check, progress)
+
+
+def autocast(device: torch.device, dtype: Optional[torch.dtype]):
+    """Autocast context for ``dtype`` on ``device``, or a no-op when dtype is None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
+                    labels: torch.Tensor, order: torch.Tensor, options: StepOptions,
+                    generator: Optional[torch.Generator] = None,
+                    on_progress: Optional[Callable[[int, float, float], None]] = None) -> dict:
+    """Train over ``images[order]`` in batches. images (N, H, W) uint8 and labels (N,) on
+    the device; order (M,) indices. Losses and accuracy are accumulated on the device and
+    read back every ``check_every`` steps only. Returns {'loss', 'accuracy', 'steps'}.
+
+    on_progress(examples_done, mean_loss, accuracy) is called at each read-back.
+    Raises NonFiniteLossError as soon as a read-back sees a non-finite loss.
+    """
+    model.train()
+    device = images.device
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    seen = 0
+    batches = order.split(options.batch_size)
+    for step, idx in enumerate(batches, start=1):
+        x = random_shift(to_model_input(images[idx]), options.max_shift, generator)  # (B, 1, 28, 28)
+        y = labels[idx]  # (B,)
+        with autocast(device, options.amp_dtype):
+            out = model(x, y)
+            loss = model_loss(out, x, y, options.reconstruction_weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.detach() * idx.numel()
+        correct += (class_scores(out).argmax(-1) == y).sum()
+        seen += idx.numel()
+        if step % options.check_every == 0 or step == len(batches):
+            mean_loss = loss_sum.item() / seen
+            if not math.isfinite(mean_loss):
+                raise NonFiniteLossError(f"training loss became {mean_loss} within steps "
+                                         f"{max(1, step - options.check_every + 1)}-{step} of the epoch")
+            if on_progress is not None:
+                on_progress(seen, mean_loss, correct.item() / seen)
+    return {"loss": loss_sum.item() / max(seen, 1), "accuracy": correct.item() / max(seen, 1),
+            "steps": len(batches)}
+
+
+@dataclass
+class EvalResult:
+    accuracy: float
+    loss: float
+    confusion: torch.Tensor  # (J, J) int64, rows: true class, columns: predicted
+
+    @property
+    def error(self) -> float:
+        return 1.0 - self.accuracy
+
+    @property
+    def per_class_accuracy(self) -> list[float]:
+        totals = self.confusion.sum(dim=1).clamp_min(1)
+        return (self.confusion.diag().double() / totals).tolist()
+
+    def as_dict(self) -> dict:
+        return {"accuracy": self.accuracy, "error": self.error, "loss": self.loss,
+                "per_class_accuracy": self.per_class_accuracy,
+                "confusion": self.confusion.tolist()}
+
+
+@torch.no_grad()
+def predict_scores(model: nn.Module, images: torch.Tensor, batch_size: int = 500,
+                   amp_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Class scores (N, J) float32 for uint8 images (N, H, W) on the model's device."""
+    model.eval()
+    scores = []
+    for chunk in images.split(batch_size):
+        with autocast(images.device, amp_dtype):
+            scores.append(class_scores(model(to_model_input(chunk))).float())
+    return torch.cat(scores)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+             batch_size: int = 500, reconstruction_weight: float = 0.0005,
+             amp_dtype: Optional[torch.dtype] = None) -> EvalResult:
+    """Accuracy, mean loss and confusion matrix on uint8 images (N, H, W), labels (N,)."""
+    model.eval()
+    device = images.device
+    loss_sum = torch.zeros((), device=device)
+    predictions = []
+    for x_u8, y in zip(images.split(batch_size), labels.split(batch_size)):
+        x = to_model_input(x_u8)
+        with autocast(device, amp_dtype):
+            out = model(x)
+            loss_sum += model_loss(out, x, y, reconstruction_weight).float() * y.numel()
+        predictions.append(class_scores(out).argmax(-1))
+    predicted = torch.cat(predictions)
+    num_classes = class_scores(out).shape[-1]
+    confusion = torch.bincount(labels * num_classes + predicted,
+                               minlength=num_classes**2).view(num_classes, num_classes).cpu()
+    accuracy = (predicted == labels).float().mean().item()
+    return EvalResult(accuracy, loss_sum.item() / labels.numel(), confusion)
