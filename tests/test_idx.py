@@ -100,8 +100,12 @@ def test_absurd_header_refused_before_allocating(tmp_path):
     assert path.name in str(info.value)
 
 
-def test_default_limit_refuses_huge_claims(tmp_path):
-    path = write_bytes(tmp_path, idx_bytes(0x0E, (0xFFFFFFFF,) * 8))
+@pytest.mark.parametrize("type_code, dims", [
+    (0x0E, (0xFFFFFFFF,) * 8),
+    (UINT8_CODE, (1 << 16,) * 4),  # 2**64 bytes: wraps to 0 in 64-bit arithmetic
+])
+def test_default_limit_refuses_huge_claims(tmp_path, type_code, dims):
+    path = write_bytes(tmp_path, idx_bytes(type_code, dims))
     with pytest.raises(IDXError, match="more than the limit"):
         read_idx(path)
 

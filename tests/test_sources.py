@@ -32,6 +32,7 @@ LOOPBACK = "127.0.0.1"
 SERVER_POLL_S = 0.01  # how fast the test server notices shutdown
 NUM_CLASSES = 10
 IMAGE_SIZE = 4
+PIXEL_LEVELS = 256
 SPLIT_SIZES = {"train": 6, "test": 3}
 SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
 MNIST_DIR = Path(os.environ.get("CAPSNET_TEST_MNIST_DIR", SHARED_MNIST))
@@ -56,7 +57,8 @@ def write_fake_dataset(directory: Path, gz: bool = True, seed: int = 0) -> dict[
     md5s = {}
     for split, n in SPLIT_SIZES.items():
         prefix = "train" if split == "train" else "t10k"
-        arrays = {f"{prefix}-images-idx3-ubyte": rng.integers(0, 256, (n, IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8),
+        images = rng.integers(0, PIXEL_LEVELS, (n, IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8)
+        arrays = {f"{prefix}-images-idx3-ubyte": images,
                   f"{prefix}-labels-idx1-ubyte": rng.integers(0, NUM_CLASSES, n, dtype=np.uint8)}
         for file_name, array in arrays.items():
             path = directory / (file_name + (".gz" if gz else ""))
@@ -110,7 +112,8 @@ def test_locate_order_data_dir_then_env_then_cache(tmp_path, monkeypatch):
     for place in ("arg", "env", "cache/mnist"):
         write_fake_dataset(tmp_path / place)
     monkeypatch.setenv("CAPSNET_DATA_DIR", str(tmp_path / "env"))
-    assert locate_dataset("mnist", data_dir=tmp_path / "arg", download=False)["train_images"].parent == tmp_path / "arg"
+    found = locate_dataset("mnist", data_dir=tmp_path / "arg", download=False)
+    assert found["train_images"].parent == tmp_path / "arg"
     assert locate_dataset("mnist", download=False)["train_images"].parent == tmp_path / "env"
     monkeypatch.delenv("CAPSNET_DATA_DIR")
     assert locate_dataset("mnist", download=False)["test_labels"].parent == tmp_path / "cache" / "mnist"

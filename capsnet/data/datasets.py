@@ -39,7 +39,8 @@ class ImageDataset:
 
     def __repr__(self) -> str:
         return (f"ImageDataset(name={self.name!r}, images={tuple(self.images.shape)} {self.images.dtype}, "
-                f"labels={tuple(self.labels.shape)}, classes={len(self.classes)}, device={self.images.device})")
+                f"labels={tuple(self.labels.shape)}, classes={len(self.classes)}, "
+                f"device={self.images.device})")
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -12,6 +12,7 @@ payload size) raises :class:`IDXError`, whose one-line message starts with the p
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import tempfile
 import zlib
@@ -127,7 +128,8 @@ def _read_payload(f: BinaryIO, path: PathLike, dtype: np.dtype, shape: tuple[int
             raise IDXError(path, f"truncated IDX file: header claims {claimed} bytes of data, found {filled}")
         filled += n
     if f.read(1):
-        raise IDXError(path, f"IDX file has trailing bytes after the {claimed} bytes of data its header claims")
+        raise IDXError(path, f"IDX file has trailing bytes after the {claimed} bytes of data "
+                             f"its header claims")
     return array
 
 
@@ -141,7 +143,7 @@ def read_idx(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
     with open_maybe_gzip(path) as f:
         try:
             dtype, shape = _read_header(f, path)
-            claimed = int(np.prod(shape, dtype=np.uint64)) * dtype.itemsize
+            claimed = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
             if claimed > max_bytes:
                 raise IDXError(path, f"header claims {claimed} bytes, more than the limit {max_bytes}")
             array = _read_payload(f, path, dtype, shape)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from http.client import HTTPException
@@ -238,7 +237,8 @@ def _download_file(base_urls: tuple[str, ...], file_name: str, expected_md5: Opt
             errors.append(f"{url}: {err}")
         finally:
             Path(tmp_name).unlink(missing_ok=True)
-    raise DataNotFoundError(f"could not download {file_name}{GZIP_SUFFIX}: " + "; ".join(errors or ["no mirrors"]))
+    tried = "; ".join(errors) or "no mirrors"
+    raise DataNotFoundError(f"could not download {file_name}{GZIP_SUFFIX}: {tried}")
 
 
 def download_dataset(name_or_spec: Union[str, DatasetSpec], dest_dir: Union[str, os.PathLike],

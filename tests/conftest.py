@@ -1,0 +1,71 @@
+"""Shared fixtures: the real MNIST files when present, tiny fake IDX datasets, a small trained model."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from capsnet.data.idx import write_idx
+
+REPO = Path(__file__).resolve().parents[1]
+MNIST_DIR = Path(os.environ.get("CAPSNET_TEST_MNIST_DIR", REPO.parent / "shared" / "data" / "mnist"))
+MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+               "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+def mnist_available() -> bool:
+    return all((MNIST_DIR / f).exists() or (MNIST_DIR / f"{f}.gz").exists() for f in MNIST_FILES)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Never touch the user's cache or download anything from a test."""
+    monkeypatch.setenv("CAPSNET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+    monkeypatch.delenv("CAPSNET_DATA_DIR", raising=False)
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    if not mnist_available():
+        pytest.skip(f"MNIST not found in {MNIST_DIR} (set CAPSNET_TEST_MNIST_DIR)")
+    return MNIST_DIR
+
+
+def make_fake_digits(n: int, seed: int = 0, size: int = 28) -> tuple[np.ndarray, np.ndarray]:
+    """n learnable 'digits': class k is a bright bar at a class-specific position, with noise.
+    Returns images (n, size, size) uint8 and labels (n,) uint8."""
+    rng = np.random.default_rng(seed)
+    labels = (np.arange(n) % 10).astype(np.uint8)
+    rng.shuffle(labels)
+    images = rng.integers(0, 40, size=(n, size, size), dtype=np.uint8)
+    for i, k in enumerate(labels):
+        row = 4 + 2 * int(k)
+        images[i, row:row + 2, 4:size - 4] = 255
+    return images, labels
+
+
+@pytest.fixture(scope="session")
+def tiny_mnist_dir(tmp_path_factory) -> Path:
+    """A fake MNIST-format dataset: 600 training and 200 test 28x28 images, as .gz IDX."""
+    root = tmp_path_factory.mktemp("tiny_mnist")
+    train_x, train_y = make_fake_digits(600, seed=1)
+    test_x, test_y = make_fake_digits(200, seed=2)
+    for name, array in [("train-images-idx3-ubyte", train_x), ("train-labels-idx1-ubyte", train_y),
+                        ("t10k-images-idx3-ubyte", test_x), ("t10k-labels-idx1-ubyte", test_y)]:
+        write_idx(root / f"{name}.gz", array)
+    return root
+
+
+@pytest.fixture(scope="session")
+def small_checkpoint(tmp_path_factory, tiny_mnist_dir) -> Path:
+    """A checkpoint of the 'small' CapsNet trained briefly on the fake dataset (a few seconds)."""
+    from capsnet.training import TrainSettings, fit
+
+    out = tmp_path_factory.mktemp("small_run")
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    fit(TrainSettings(preset="small", data_dir=str(tiny_mnist_dir), download=False, epochs=2,
+                      val_size=100, out_dir=str(out), progress=False), log=lambda _: None)
+    return out / "best.pt"
