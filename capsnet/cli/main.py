@@ -10,7 +10,7 @@ from capsnet import __version__
 from capsnet.cli.common import USER_ERRORS
 
 # Modules under capsnet.cli, each with add_parser(subparsers) and run(args, argv) -> int.
-COMMANDS = ["train", "evaluate"]
+COMMANDS = ["train", "evaluate", "repeat", "export", "robustness", "affnist", "multimnist", "predict", "reconstruct", "manipulate", "plot", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,6 +15,16 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("train", help="train a model",
                               description="Train CapsNet (or the paper's CNN baseline). Holds out "
                               "a validation split for model selection and tests once at the end.")
+    add_train_args(p)
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    p.add_argument("--out-dir", default=DEFAULTS.out_dir, help="run directory")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",
+                   help="continue a stopped run (its settings are reused; --epochs may extend it)")
+    p.set_defaults(func=run)
+
+
+def add_train_args(p) -> None:
+    """The recipe's arguments, shared by `train` and `repeat`."""
     p.add_argument("--model", default=DEFAULTS.model, choices=["capsnet", "cnn"])
     p.add_argument("--preset", default=DEFAULTS.preset, choices=sorted(PRESETS),
                    help="layer sizes: 'paper' or the narrow 'small' for quick CPU runs")
@@ -33,22 +43,21 @@ def add_parser(subparsers) -> None:
                    help="train on the first N images of the training pool")
     p.add_argument("--val-size", type=int, default=DEFAULTS.val_size,
                    help="validation images held out of the training set (0: train on all)")
-    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     add_device_arg(p)
     p.add_argument("--precision", default=DEFAULTS.precision, choices=sorted(PRECISIONS))
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--monitor-test", action="store_true",
                    help="also report test accuracy after every epoch (monitoring only)")
-    p.add_argument("--out-dir", default=DEFAULTS.out_dir, help="run directory")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",
-                   help="continue a stopped run (its settings are reused; --epochs may extend it)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
-    p.set_defaults(func=run)
+
+
+def settings_from_args(args: argparse.Namespace) -> TrainSettings:
+    return TrainSettings(**{k: v for k, v in vars(args).items()
+                            if k in TrainSettings.__dataclass_fields__})
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    values = {k: v for k, v in vars(args).items() if k in TrainSettings.__dataclass_fields__}
-    settings = TrainSettings(**values)
+    settings = settings_from_args(args)
     if args.resume:
         settings = _settings_for_resume(args, settings)
     fit(settings, resume=args.resume, argv=argv)
