@@ -17,7 +17,9 @@ def add_parser(subparsers) -> None:
                               "a validation split for model selection and tests once at the end.")
     add_train_args(p)
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
-    p.add_argument("--out-dir", default=DEFAULTS.out_dir, help="run directory")
+    p.add_argument("--out-dir", default=None,
+                   help=f"run directory (default: {DEFAULTS.out_dir}; with --resume: the "
+                   "directory of the resumed checkpoint)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",
                    help="continue a stopped run (its settings are reused; --epochs may extend it)")
     p.set_defaults(func=run)
@@ -60,19 +62,22 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     settings = settings_from_args(args)
     if args.resume:
         settings = _settings_for_resume(args, settings)
+    elif args.out_dir is None:
+        settings.out_dir = DEFAULTS.out_dir
     fit(settings, resume=args.resume, argv=argv)
     return 0
 
 
 def _settings_for_resume(args: argparse.Namespace, given: TrainSettings) -> TrainSettings:
-    """The stopped run's own settings, with only epochs, device, output and progress taken
-    from this command line."""
+    """The stopped run's own settings, with only epochs, device and progress taken from this
+    command line. The run goes on in --out-dir if given, else in the resumed checkpoint's
+    directory (the saved out_dir may be relative to another working directory)."""
     from capsnet.training.checkpoint import load_checkpoint
     from capsnet.training.fit import resolve_resume
 
-    saved = load_checkpoint(resolve_resume(args.resume)).get("train_settings")
-    if saved is None:
-        return given
-    settings = TrainSettings.from_dict(saved)
+    checkpoint = resolve_resume(args.resume)
+    saved = load_checkpoint(checkpoint).get("train_settings")
+    settings = given if saved is None else TrainSettings.from_dict(saved)
     settings.epochs, settings.device, settings.progress = given.epochs, given.device, given.progress
+    settings.out_dir = args.out_dir or str(checkpoint.parent)
     return settings

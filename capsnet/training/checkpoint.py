@@ -79,18 +79,29 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     return payload
 
 
+def error_summary(exc: BaseException) -> str:
+    """One telling line of an exception. load_state_dict's first line is only a heading
+    ('Error(s) in loading state_dict for CapsNet:'); the first mismatch is on the next."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    return lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]
+
+
 def model_from_checkpoint(path_or_payload, map_location: Any = "cpu",
                           expected_model: Optional[str] = None) -> nn.Module:
     """Rebuild the model a checkpoint describes and load its weights (eval mode)."""
-    payload = (path_or_payload if isinstance(path_or_payload, dict)
-               else load_checkpoint(path_or_payload, map_location))
+    from_file = not isinstance(path_or_payload, dict)
+    payload = load_checkpoint(path_or_payload, map_location) if from_file else path_or_payload
+    where = f"{path_or_payload}: " if from_file else ""
     name = payload["model"]
     if expected_model is not None and name != expected_model:
-        raise CheckpointError(f"checkpoint holds a {name!r} model, expected {expected_model!r}")
+        raise CheckpointError(f"{where}checkpoint holds a {name!r} model, "
+                              f"expected {expected_model!r}")
     try:
         model = build_model(config_from_dict(name, payload["config"]))
         model.load_state_dict(payload["state_dict"])
     except (ValueError, TypeError, RuntimeError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"checkpoint does not match the {name} model: {first}") from None
+        raise CheckpointError(f"{where}checkpoint does not match the {name} model: "
+                              f"{error_summary(exc)}") from None
     return model.to(map_location if isinstance(map_location, (str, torch.device)) else "cpu").eval()

@@ -14,9 +14,10 @@ import torch
 from capsnet.config import make_config
 from capsnet.data.datasets import ImageDataset, load_dataset
 from capsnet.data.splits import _mix, epoch_order, stratified_split
-from capsnet.devices import pick_device
 from capsnet.models import build_model
+from capsnet.training import distributed
 from capsnet.training.checkpoint import load_checkpoint, save_checkpoint, unwrap
+from capsnet.training.distributed import World
 from capsnet.training.loop import NonFiniteLossError, StepOptions, evaluate, train_one_epoch
 from capsnet.training.metrics_log import MetricsLog
 from capsnet.training.settings import TrainSettings
@@ -64,10 +65,12 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
+    """Inverse of :func:`rng_state`. RNG states must be CPU byte tensors, but a checkpoint
+    loaded with map_location='cuda' has moved them to the GPU: bring them back."""
+    torch.set_rng_state(state["torch"].cpu())
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def resolve_resume(path: str | Path) -> Path:
@@ -79,42 +82,70 @@ def resolve_resume(path: str | Path) -> Path:
 def fit(settings: TrainSettings, resume: Optional[str] = None, argv: Optional[list[str]] = None,
         log: Callable[[str], None] = print) -> dict:
     """Train as ``settings`` say, writing everything to ``settings.out_dir``.
-    Returns the final results (also written to results.json)."""
-    device = pick_device(settings.device)
+    Returns the final results (also written to results.json).
+
+    Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set) every process calls this: they train
+    one DistributedDataParallel model, each rank on its shard of every epoch with a batch
+    of ``batch_size / world``; only rank 0 logs and writes files, and every rank returns
+    rank 0's results."""
+    world = distributed.setup(settings.device)
+    try:
+        return _fit(settings, resume, argv, log if world.is_main else _quiet, world)
+    finally:
+        distributed.teardown(world)
+
+
+def _quiet(_: str) -> None:
+    """The log of ranks other than 0."""
+
+
+def _fit(settings: TrainSettings, resume: Optional[str], argv: Optional[list[str]],
+         log: Callable[[str], None], world: World) -> dict:
+    device = world.device
     torch.manual_seed(settings.seed)
     random.seed(settings.seed)
     run_dir = Path(settings.out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(settings, device)
+    if world.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    distributed.per_rank_batch(settings.batch_size, world)  # fail early if not divisible
+    with distributed.local_main_first(world):  # one download per machine
+        data = prepare_data(settings, device)
     model, optimizer, scheduler = build_for(settings, data, device)
     state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None}
     if resume is not None:
         state = _restore(resolve_resume(resume), model, optimizer, scheduler, device)
         log(f"resuming {resume} after epoch {state['epoch']}")
-    _describe_run(run_dir, settings, model, argv)
+    if world.is_main:
+        _describe_run(run_dir, settings, model, argv)
     log(f"{settings.model} on {settings.dataset}: {len(data.train_idx)} training, "
-        f"{len(data.val_idx)} validation, {len(data.test.labels)} test images; device {device}")
-    step_model = torch.compile(model) if settings.compile else model
-    metrics = MetricsLog(run_dir)
+        f"{len(data.val_idx)} validation, {len(data.test.labels)} test images; device {device}"
+        + (f" x {world.size} processes" if world.distributed else ""))
+    train_model = distributed.wrap_model(model, world)
+    step_model = torch.compile(train_model) if settings.compile else train_model
+    metrics = MetricsLog(run_dir) if world.is_main else None
     try:
         for epoch in range(state["epoch"] + 1, settings.epochs + 1):
-            row = _run_epoch(settings, step_model, optimizer, data, epoch, device)
+            row = _run_epoch(settings, step_model, optimizer, data, epoch, world)
             scheduler.step()
             improved = _select(row, state, epoch)
             state["epoch"] = epoch
-            ckpt = dict(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                        rng=rng_state(), train_settings=settings.to_dict(), metrics=row, **state)
-            save_checkpoint(run_dir / "last.pt", model, **ckpt)
-            if improved:
-                save_checkpoint(run_dir / "best.pt", model, **ckpt)
-            metrics.log(row)
+            if world.is_main:
+                ckpt = dict(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+                            rng=rng_state(), train_settings=settings.to_dict(), metrics=row,
+                            **state)
+                save_checkpoint(run_dir / "last.pt", model, **ckpt)
+                if improved:
+                    save_checkpoint(run_dir / "best.pt", model, **ckpt)
+                metrics.log(row)
             log(_epoch_line(row, improved))
     except NonFiniteLossError as exc:
         raise NonFiniteLossError(f"{exc}; stopped. The last good checkpoint is "
                                  f"{run_dir / 'last.pt'} (epoch {state['epoch']}).") from None
     finally:
-        metrics.close()
-    return _final_report(settings, model, data, run_dir, state, log)
+        if metrics is not None:
+            metrics.close()
+    results = _final_report(settings, model, data, run_dir, state, log) if world.is_main else None
+    return distributed.broadcast_object(results, world)
 
 
 def _restore(path: Path, model, optimizer, scheduler, device) -> dict:
@@ -139,29 +170,37 @@ def _describe_run(run_dir: Path, settings: TrainSettings, model, argv) -> None:
 
 
 def _run_epoch(settings: TrainSettings, model, optimizer, data: RunData, epoch: int,
-               device: torch.device) -> dict:
+               world: World) -> dict:
+    device = world.device
     order = data.train_idx[epoch_order(len(data.train_idx), settings.seed, epoch, device)]
-    generator = torch.Generator(device=device).manual_seed(_mix(settings.seed, epoch) + 1)
-    options = StepOptions(settings.batch_size, settings.max_shift,
-                          settings.reconstruction_weight, PRECISIONS[settings.precision])
+    order = distributed.shard_order(order, world.rank, world.size)  # this rank's share
+    generator = torch.Generator(device=device).manual_seed(
+        _mix(settings.seed, epoch) + 1 + world.rank)
+    options = StepOptions(distributed.per_rank_batch(settings.batch_size, world),
+                          settings.max_shift, settings.reconstruction_weight,
+                          PRECISIONS[settings.precision])
     lr = optimizer.param_groups[0]["lr"]
     start = time.perf_counter()
-    with _progress(settings, epoch, len(order)) as on_progress:
+    with _progress(settings.progress and world.is_main, epoch, len(order)) as on_progress:
         train = train_one_epoch(model, optimizer, data.train.images, data.train.labels, order,
                                 options, generator, on_progress)
     seconds = time.perf_counter() - start
-    row = {"epoch": epoch, "lr": lr, "train_loss": train["loss"],
-           "train_accuracy": train["accuracy"], "epoch_seconds": round(seconds, 3),
-           "images_per_second": round(len(order) / seconds, 1)}
+    loss, accuracy = distributed.all_reduce_mean([train["loss"], train["accuracy"]], world)
+    row = {"epoch": epoch, "lr": lr, "train_loss": loss,
+           "train_accuracy": accuracy, "epoch_seconds": round(seconds, 3),
+           "images_per_second": round(len(order) * world.size / seconds, 1)}
+    # The plain module: ranks evaluate different numbers of batches, outside DDP.
+    eval_model = unwrap(model) if world.distributed else model
+    kwargs = dict(world=world, num_classes=len(data.train.classes),
+                  reconstruction_weight=settings.reconstruction_weight,
+                  amp_dtype=options.amp_dtype)
     if len(data.val_idx):
-        val = evaluate(model, data.train.images[data.val_idx], data.train.labels[data.val_idx],
-                       reconstruction_weight=settings.reconstruction_weight,
-                       amp_dtype=options.amp_dtype)
+        val = distributed.evaluate_sharded(eval_model, data.train.images[data.val_idx],
+                                           data.train.labels[data.val_idx], **kwargs)
         row.update(val_loss=val.loss, val_accuracy=val.accuracy)
     if settings.monitor_test:
-        test = evaluate(model, data.test.images, data.test.labels,
-                        reconstruction_weight=settings.reconstruction_weight,
-                        amp_dtype=options.amp_dtype)
+        test = distributed.evaluate_sharded(eval_model, data.test.images, data.test.labels,
+                                            **kwargs)
         row.update(test_accuracy_monitoring=test.accuracy)
     return row
 
@@ -215,8 +254,8 @@ def _final_report(settings, model, data: RunData, run_dir: Path, state: dict, lo
 class _progress:
     """Context manager yielding an on_progress callback that drives a tqdm bar."""
 
-    def __init__(self, settings: TrainSettings, epoch: int, total: int):
-        self.enabled, self.epoch, self.total = settings.progress, epoch, total
+    def __init__(self, enabled: bool, epoch: int, total: int):
+        self.enabled, self.epoch, self.total = enabled, epoch, total
         self.bar = None
 
     def __enter__(self):

@@ -1,0 +1,31 @@
+"""`capsnet export`: a checkpoint as an ONNX or TorchScript inference model."""
+from __future__ import annotations
+
+import argparse
+
+from capsnet.export import FORMATS, export_checkpoint, read_description
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export", help="write an ONNX or TorchScript inference model",
+        description="Export a trained model for inference outside this package. The file "
+        "takes float images (B, 1, 28, 28) in [0, 1], any batch size, and returns the capsule "
+        "lengths (B, 10) and the reconstructions (B, 1, 28, 28) of the predicted class.")
+    p.add_argument("checkpoint", help="a .pt checkpoint written by `capsnet train`, or a "
+                                      ".safetensors weights file")
+    p.add_argument("--format", dest="fmt", default="onnx", choices=FORMATS,
+                   help="onnx (for onnxruntime and others) or torchscript (torch.jit.load)")
+    p.add_argument("-o", "--output", default=None,
+                   help="file to write (default: beside the checkpoint, e.g. best.onnx or "
+                        "best.ts.pt)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    path = export_checkpoint(args.checkpoint, args.output, args.fmt)
+    info = read_description(path)
+    shape = ", ".join(str(n) for n in info["input_shape"])
+    print(f"wrote {path} ({args.fmt}): input {info['input']} ({shape}) in [0, 1] -> "
+          f"{', '.join(info['outputs'])}")
+    return 0

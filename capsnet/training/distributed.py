@@ -1,0 +1,201 @@
+"""Data-parallel training across processes, as started by ``torchrun``.
+
+``torchrun --nproc-per-node N -m capsnet train ...`` sets RANK, WORLD_SIZE and LOCAL_RANK
+(and MASTER_ADDR / MASTER_PORT) in each process's environment. :func:`setup` reads them,
+joins the process group (NCCL on CUDA devices, gloo on CPUs) and places each process on
+the device of its local rank. Without those variables everything here is a no-op for a
+single process, so the same training code runs unchanged in both cases.
+
+Each epoch's global order (a function of seed and epoch only) is dealt out to the ranks by
+:func:`shard_order`; with a per-rank batch of global_batch / world, the ranks' k-th
+batches together are exactly the k-th batch a single process would train on.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from capsnet.devices import pick_device
+from capsnet.training.loop import EvalResult, evaluate
+
+# Environment variables set by torchrun for each process.
+ENV_RANK, ENV_WORLD_SIZE, ENV_LOCAL_RANK = "RANK", "WORLD_SIZE", "LOCAL_RANK"
+
+
+@dataclass(frozen=True)
+class World:
+    """Where this process stands: its global rank, the number of processes, its rank on
+    this machine, and the device it trains on."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    owns_group: bool = False  # True when setup() created the process group
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that logs and writes files."""
+        return self.rank == 0
+
+
+def env_ranks() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from torchrun's environment; (0, 1, 0) without it."""
+    rank = int(os.environ.get(ENV_RANK, 0))
+    size = int(os.environ.get(ENV_WORLD_SIZE, 1))
+    local_rank = int(os.environ.get(ENV_LOCAL_RANK, rank))
+    if not 0 <= rank < size:
+        raise ValueError(f"{ENV_RANK}={rank} is not within {ENV_WORLD_SIZE}={size}")
+    return rank, size, local_rank
+
+
+def backend_for(device: torch.device) -> str:
+    """The collective backend for a device type: NCCL on CUDA GPUs, gloo on CPUs."""
+    if device.type == "cuda":
+        return "nccl"
+    if device.type == "cpu":
+        return "gloo"
+    raise ValueError(f"distributed training runs on CUDA or CPU devices, not {device.type!r}")
+
+
+def device_for(requested: str, local_rank: int, world_size: int) -> torch.device:
+    """The device of one process: 'auto' or 'cuda' without an index become cuda:LOCAL_RANK
+    when CUDA is available; anything else is taken as given."""
+    device = pick_device(requested)
+    if world_size > 1 and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank)
+    return device
+
+
+def setup(requested_device: str = "auto") -> World:
+    """Join the process group torchrun describes (or one the caller already created).
+    A single process without torchrun gets World(size=1) on ``pick_device(requested)``."""
+    if dist.is_available() and dist.is_initialized():
+        rank, size = dist.get_rank(), dist.get_world_size()
+        local_rank = int(os.environ.get(ENV_LOCAL_RANK, rank))
+        return World(rank, size, local_rank, device_for(requested_device, local_rank, size))
+    rank, size, local_rank = env_ranks()
+    device = device_for(requested_device, local_rank, size)
+    if size == 1:
+        return World(device=device)
+    if not dist.is_available():
+        raise ValueError(f"{ENV_WORLD_SIZE}={size} but this torch build has no torch.distributed")
+    backend = backend_for(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=backend, rank=rank, world_size=size)
+    return World(rank, size, local_rank, device, owns_group=True)
+
+
+def teardown(world: World) -> None:
+    """Leave the process group if :func:`setup` created it."""
+    if world.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_main() -> bool:
+    """True in rank 0 of a process group, or in a single process (for code without a World)."""
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+@contextlib.contextmanager
+def local_main_first(world: World) -> Iterator[None]:
+    """Run the body on local rank 0 of each machine first (e.g. a download into the
+    machine's cache), then on the other ranks."""
+    if world.distributed and world.local_rank != 0:
+        dist.barrier()
+    yield
+    if world.distributed and world.local_rank == 0:
+        dist.barrier()
+
+
+def per_rank_batch(global_batch: int, world: World) -> int:
+    """The batch each rank trains on, so that the ranks together make ``global_batch``."""
+    if global_batch % world.size:
+        raise ValueError(f"batch size {global_batch} is not divisible by the "
+                         f"{world.size} training processes")
+    return global_batch // world.size
+
+
+def shard_order(order: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """This rank's share of an epoch's order (M,): every ``world``-th index from ``rank``.
+
+    When M is not a multiple of ``world``, the order is padded with its own first
+    entries (as torch's DistributedSampler does) so that every rank gets ceil(M / world)
+    examples and the same number of steps; every example is covered, a few twice.
+    Returns (ceil(M / world),) indices on the order's device.
+    """
+    M = order.numel()
+    if M == 0:
+        return order
+    total = -(-M // world) * world  # M rounded up to a multiple of world
+    padded = order.repeat(-(-total // M))[:total]  # (total,): order, then its first entries
+    return padded[rank::world]  # (total / world,)
+
+
+def all_reduce_sum(tensor: torch.Tensor, world: World) -> torch.Tensor:
+    """The sum of ``tensor`` over all ranks (a new tensor; the input itself is unchanged)."""
+    total = tensor.clone()
+    if world.distributed:
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total
+
+
+def all_reduce_mean(values: list[float], world: World) -> list[float]:
+    """Element-wise means over ranks of a few Python numbers (e.g. epoch loss, accuracy)."""
+    if not world.distributed:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=world.device)  # (K,)
+    return (all_reduce_sum(t, world) / world.size).tolist()
+
+
+def evaluate_sharded(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                     world: World, num_classes: int, **kwargs) -> EvalResult:
+    """:func:`~capsnet.training.loop.evaluate` with the examples (N, H, W) dealt out to
+    the ranks (no padding) and the confusion matrix and loss summed over them: the same
+    numbers as one process evaluating everything. ``model`` must be the plain module
+    (not the DDP wrapper), as the ranks may run different numbers of batches."""
+    if not world.distributed:
+        return evaluate(model, images, labels, **kwargs)
+    N = labels.numel()
+    idx = torch.arange(world.rank, N, world.size, device=labels.device)  # (~N / world,)
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.long, device=world.device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=world.device)
+    if idx.numel():
+        part = evaluate(model, images[idx], labels[idx], **kwargs)
+        confusion += part.confusion.to(world.device)  # (J, J)
+        loss_sum += part.loss * idx.numel()
+    confusion = all_reduce_sum(confusion, world).cpu()  # (J, J)
+    loss = all_reduce_sum(loss_sum, world).item() / max(N, 1)
+    accuracy = confusion.diag().sum().item() / max(N, 1)
+    return EvalResult(accuracy, loss, confusion)
+
+
+def wrap_model(model: nn.Module, world: World) -> nn.Module:
+    """``model`` in DistributedDataParallel when there are several processes (gradients
+    averaged over ranks after each backward); the model itself otherwise."""
+    if not world.distributed:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [world.device] if world.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def broadcast_object(obj, world: World, src: int = 0):
+    """Rank ``src``'s picklable ``obj`` on every rank (e.g. the final results)."""
+    if not world.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, device=world.device)
+    return box[0]
