@@ -10,7 +10,12 @@ from capsnet import __version__
 from capsnet.cli.common import USER_ERRORS
 
 # Modules under capsnet.cli, each with add_parser(subparsers) and run(args, argv) -> int.
-COMMANDS = ["train", "evaluate", "repeat", "export", "robustness", "affnist", "multimnist", "predict", "reconstruct", "manipulate", "plot", "serve"]
+COMMANDS = [
+    "train", "evaluate", "repeat",  # training and honest evaluation
+    "predict", "reconstruct", "manipulate", "plot", "serve",  # using a trained model
+    "robustness", "affnist", "multimnist",  # beyond plain accuracy
+    "export",  # deployment
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,125 @@
+"""`capsnet predict`: the digit in each of your own images (files, folders or stdin)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from capsnet.cli.model_args import add_model_args, load_cli_model
+from capsnet.inference import Prediction, predict_prepared
+from capsnet.preprocess import PreprocessError, prepare_image
+
+STDIN = "-"
+STDIN_NAME = "stdin"  # how an image read from stdin is named in the output
+ASCII_RAMP = " .:-=+*#%@"  # dark to bright
+PIXEL_LEVELS = 256
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "predict", help="predict the digit in your own images",
+        description="Predict the digit in photos or scans of handwritten digits. Each image is "
+        "made MNIST-like first: grayscale, inverted if dark-on-light, cropped to the ink, "
+        "scaled to fit 20x20 and centred by centre of mass in 28x28.")
+    p.add_argument("images", nargs="+", metavar="IMAGE",
+                   help="image files (PNG, JPEG, any format Pillow reads), folders of them, "
+                        "or - for one image on stdin")
+    add_model_args(p)
+    p.add_argument("--top-k", type=int, default=3,
+                   help="classes listed per image, the prediction included (default: 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON list of results")
+    p.add_argument("--show", action="store_true",
+                   help="draw the input as the model saw it beside its reconstruction, as text")
+    p.add_argument("--save-dir", default=None, metavar="DIR",
+                   help="write one PNG per image: input, reconstruction and capsule lengths")
+    p.set_defaults(func=run)
+
+
+def expand_inputs(names: list[str]) -> list[str]:
+    """Command-line names -> sources: '-' stays, a folder becomes its image files (sorted),
+    anything else is kept as a path (its errors are reported when it is read)."""
+    suffixes = {s.lower() for s in Image.registered_extensions()}
+    sources = []
+    for name in names:
+        path = Path(name)
+        if name != STDIN and path.is_dir():
+            found = sorted(str(f) for f in path.iterdir()
+                           if f.is_file() and f.suffix.lower() in suffixes)
+            sources += found or [name]  # an empty folder is reported as "not a file"
+        else:
+            sources.append(name)
+    return sources
+
+
+def read_source(name: str) -> np.ndarray:
+    """One source -> MNIST-like uint8 (28, 28); raises PreprocessError."""
+    if name == STDIN:
+        return prepare_image(sys.stdin.buffer.read())
+    if Path(name).is_dir():
+        raise PreprocessError("a folder with no image files")
+    return prepare_image(name)
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.top_k < 1:
+        raise ValueError("--top-k must be at least 1")
+    model = load_cli_model(args)
+    prepared, names, errors = [], [], []
+    for name in expand_inputs(args.images):
+        try:
+            prepared.append(read_source(name))  # (28, 28)
+            names.append(STDIN_NAME if name == STDIN else name)
+        except PreprocessError as exc:
+            shown = STDIN_NAME if name == STDIN else name
+            errors.append({"source": shown, "error": str(exc)})
+            print(f"capsnet: error: {shown}: {exc}", file=sys.stderr)
+    images = np.stack(prepared) if prepared else np.zeros((0, 1, 1), dtype=np.uint8)
+    predictions = predict_prepared(model, images, names, args.top_k)
+    if args.save_dir:
+        save_pictures(predictions, Path(args.save_dir))
+    if args.json:
+        print(json.dumps([p.as_dict() for p in predictions] + errors, indent=2))
+    else:
+        for p in predictions:
+            print(format_prediction(p))
+            if args.show:
+                print(ascii_pair(p.image, p.reconstruction))
+    return 1 if errors else 0
+
+
+def format_prediction(p: Prediction) -> str:
+    others = ", ".join(f"{d} ({s:.3f})" for d, s in p.alternatives)
+    line = f"{p.source}: {p.digit}  length {p.length:.3f}"
+    return f"{line}   then {others}" if others else line
+
+
+def ascii_pair(image: np.ndarray, reconstruction: np.ndarray | None) -> str:
+    """Two (28, 28) uint8 images side by side as text, two characters per pixel."""
+    panels = [image] + ([reconstruction] if reconstruction is not None else [])
+    width = 2 * image.shape[1]
+    header = "  ".join(t.center(width) for t in ["input", "reconstruction"][:len(panels)])
+    rows = []
+    for r in range(image.shape[0]):
+        rows.append("  ".join("".join(2 * ASCII_RAMP[int(v) * len(ASCII_RAMP) // PIXEL_LEVELS]
+                                      for v in panel[r]) for panel in panels))
+    return "\n".join([header, *rows])
+
+
+def save_pictures(predictions: list[Prediction], out_dir: Path) -> None:
+    from capsnet.figures import prediction_figure
+
+    used: set[str] = set()
+    for p in predictions:
+        stem = Path(p.source).stem
+        name, n = stem, 1
+        while name in used:
+            n += 1
+            name = f"{stem}-{n}"
+        used.add(name)
+        prediction_figure(p.image, p.reconstruction, p.lengths,
+                          f"{p.source}: predicted {p.digit} (length {p.length:.3f})",
+                          out_dir / f"{name}.png")

@@ -1,0 +1,74 @@
+"""`capsnet reconstruct`: test images over their reconstructions (the paper's Figure 3)."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from capsnet.cli.common import add_data_args
+from capsnet.cli.model_args import add_model_args, load_cli_model
+from capsnet.data.datasets import load_split
+from capsnet.inference import pick_examples, require_decoder, run_model, to_uint8
+
+SEARCH_CHUNK = 500  # test images classified per step of the search
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "reconstruct", help="picture of test images over their reconstructions (Figure 3)",
+        description="Draw the first test images and the first mis-classified ones, each above "
+        "the decoder's reconstruction from its winning capsule (and, when mis-classified, "
+        "from the true label's capsule), as in the paper's Figure 3.")
+    add_model_args(p)
+    add_data_args(p)
+    p.add_argument("--count", type=int, default=10, help="first test images shown (default: 10)")
+    p.add_argument("--misclassified", type=int, default=5,
+                   help="mis-classified test images added after them (default: 5)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="search at most the first N test images (default: all; the search "
+                        "stops once enough mis-classified images are found)")
+    p.add_argument("--columns", type=int, default=10, help="images per row (default: 10)")
+    p.add_argument("--out", default="reconstructions.png", help="PNG file to write")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.count < 0 or args.misclassified < 0 or (args.limit is not None and args.limit < 1):
+        raise ValueError("--count and --misclassified must be >= 0 and --limit >= 1")
+    from capsnet.figures import reconstruction_figure
+
+    model = load_cli_model(args)
+    require_decoder(model)
+    test = load_split(args.dataset, "test", args.data_dir, args.download)
+    images, labels = test.images[:args.limit], test.labels[:args.limit]  # (N, 28, 28), (N,)
+    predictions = predict_until(model, images, labels, args.count, args.misclassified)  # (n,)
+    images, labels = images[:len(predictions)], labels[:len(predictions)]
+    chosen = pick_examples(labels, predictions, args.count, args.misclassified)  # (K,)
+    if len(chosen) == 0:
+        raise ValueError("nothing to draw: --count and --misclassified are both 0")
+    _, poses, recons = run_model(model, images[chosen])  # (K, J, D), (K, 1, 28, 28)
+    with torch.no_grad():
+        from_label = model.decoder(poses, labels[chosen].to(poses.device))  # (K, 1, 28, 28)
+    path = reconstruction_figure(images[chosen].numpy(), to_uint8(recons), labels[chosen].tolist(),
+                                 predictions[chosen].tolist(), args.out, args.columns,
+                                 label_reconstructions=to_uint8(from_label))
+    wrong = int((predictions[chosen] != labels[chosen]).sum())
+    accuracy = float((predictions == labels).float().mean())
+    print(f"wrote {path}: {len(chosen)} test images, {wrong} of them mis-classified "
+          f"(accuracy {accuracy:.4f} on the {len(labels)} test images searched)")
+    return 0
+
+
+def predict_until(model, images: torch.Tensor, labels: torch.Tensor, count: int,
+                  misclassified: int) -> torch.Tensor:
+    """Predicted classes (n,) of images[:n] (N, 28, 28), n the smallest multiple of
+    SEARCH_CHUNK (or N) covering ``count`` images and ``misclassified`` errors after them."""
+    predictions = []
+    for start in range(0, len(images), SEARCH_CHUNK):
+        scores, _, _ = run_model(model, images[start:start + SEARCH_CHUNK])  # (b, J)
+        predictions.append(scores.argmax(dim=1).cpu())
+        done = torch.cat(predictions)  # (n,)
+        wrong_after = (done[count:] != labels[count:len(done)]).sum()
+        if len(done) >= count and wrong_after >= misclassified:
+            break
+    return torch.cat(predictions)

@@ -1,0 +1,185 @@
+"""The paper's pictures as PNG files (matplotlib, no display needed).
+
+- :func:`reconstruction_figure`: test images over their reconstructions (Figure 3);
+- :func:`manipulation_figure`: each pose dimension of a capsule perturbed (Figure 4);
+- :func:`training_curves_figure`: loss and error per epoch from a run's metrics.csv;
+- :func:`prediction_figure`: one input as the model saw it, its reconstruction and the
+  capsule lengths.
+
+Figures are built on ``matplotlib.figure.Figure`` objects (the Agg renderer), never
+pyplot, so they are safe in servers, threads and headless machines.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+DPI = 100
+CELL_INCHES = 0.9  # side of one digit in the reconstruction grid
+GRID_CELL_INCHES = 0.32  # side of one digit in the manipulation grid
+MARGIN_INCHES = 0.7  # room for tick labels and titles
+WRONG_COLOR = "tab:red"
+RIGHT_COLOR = "black"
+WINNER_COLOR = "tab:blue"
+OTHER_COLOR = "tab:gray"
+PAD_VALUE = 128  # grey separator between tiles of a mosaic
+PERCENT = 100.0
+
+# metrics.csv columns drawn by training_curves_figure: (column, panel, legend label).
+CURVES = [
+    ("train_loss", "loss", "train"),
+    ("val_loss", "loss", "validation"),
+    ("train_accuracy", "error", "train"),
+    ("val_accuracy", "error", "validation"),
+    ("test_accuracy_monitoring", "error", "test (monitoring only)"),
+]
+
+
+def _save(fig: Figure, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    return path
+
+
+def mosaic(tiles: np.ndarray, pad: int = 1, pad_value: int = PAD_VALUE) -> np.ndarray:
+    """Tiles (R, C, H, W) -> one image (R*(H+pad)-pad, C*(W+pad)-pad) with separators."""
+    R, C, H, W = tiles.shape
+    out = np.full((R * (H + pad) - pad, C * (W + pad) - pad), pad_value, dtype=tiles.dtype)
+    for r in range(R):
+        for c in range(C):
+            out[r * (H + pad):r * (H + pad) + H, c * (W + pad):c * (W + pad) + W] = tiles[r, c]
+    return out
+
+
+def _show(ax, image: np.ndarray, title: Optional[str] = None, color: str = RIGHT_COLOR) -> None:
+    ax.imshow(image, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title is not None:
+        ax.set_title(title, fontsize=8, color=color)
+
+
+def reconstruction_figure(images: np.ndarray, reconstructions: np.ndarray, labels: Sequence[int],
+                          predictions: Sequence[int], path: str | os.PathLike, columns: int = 10,
+                          label_reconstructions: Optional[np.ndarray] = None) -> Path:
+    """Figure 3: inputs (N, H, W) uint8 each above its reconstruction (N, H, W) from the
+    predicted capsule, titled 'label -> prediction', mis-classified ones in red. With
+    ``label_reconstructions`` (N, H, W), a third row shows, for mis-classified inputs only,
+    the reconstruction from the true label's capsule. Rows of ``columns`` images."""
+    N = len(images)
+    columns = max(1, min(columns, N))
+    chunks = -(-N // columns)  # ceil
+    wrong = [int(l) != int(p) for l, p in zip(labels, predictions)]
+    rows = 3 if label_reconstructions is not None and any(wrong) else 2
+    fig = Figure(figsize=(columns * CELL_INCHES, rows * chunks * CELL_INCHES * 1.2))
+    axes = fig.subplots(rows * chunks, columns, squeeze=False)
+    for ax in axes.ravel():
+        ax.axis("off")
+    for i in range(N):
+        row, col = rows * (i // columns), i % columns
+        color = WRONG_COLOR if wrong[i] else RIGHT_COLOR
+        _show(axes[row, col], images[i], f"{int(labels[i])} \u2192 {int(predictions[i])}", color)
+        _show(axes[row + 1, col], reconstructions[i])
+        if rows == 3 and wrong[i]:
+            _show(axes[row + 2, col], label_reconstructions[i])
+        for r in range(row, row + (3 if rows == 3 and wrong[i] else 2)):
+            axes[r, col].axis("on")
+    names = ["input", "from prediction", "from label"][:rows]
+    for row in range(0, rows * chunks, rows):
+        for r, name in enumerate(names):
+            axes[row + r, 0].set_ylabel(name, fontsize=8)
+    fig.suptitle("Test images (label \u2192 prediction) over their reconstructions; "
+                 "red: mis-classified", fontsize=9)
+    return _save(fig, path)
+
+
+def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int],
+                        deltas: Sequence[float], path: str | os.PathLike) -> Path:
+    """Figure 4: for each digit a grid (D, S, H, W) uint8 of decoded images, row d with
+    pose dimension d moved by each of the S ``deltas``. Digits side by side."""
+    D, S = grids[0].shape[:2]
+    fig = Figure(figsize=(len(grids) * (S * GRID_CELL_INCHES + MARGIN_INCHES),
+                          D * GRID_CELL_INCHES + 2 * MARGIN_INCHES), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(grids), squeeze=False)[0])
+    for ax, grid, digit in zip(axes, grids, digits):
+        H, W = grid.shape[2:]
+        ax.imshow(mosaic(grid), cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+        ax.set_title(f"digit {digit}", fontsize=9)
+        ax.set_xticks([s * (W + 1) + W / 2 for s in range(S)])
+        ax.set_xticklabels([f"{d:+.2f}" for d in deltas], rotation=90, fontsize=6)
+        ax.set_yticks([d * (H + 1) + H / 2 for d in range(D)])
+        ax.set_yticklabels([str(d) for d in range(D)], fontsize=6)
+        ax.set_xlabel("perturbation", fontsize=8)
+    axes[0].set_ylabel("capsule dimension", fontsize=8)
+    fig.suptitle("Each dimension of the winning capsule perturbed, then decoded", fontsize=9)
+    return _save(fig, path)
+
+
+def curve_series(rows: Sequence[dict]) -> dict[str, tuple[list[int], list[float]]]:
+    """Per metrics.csv column of CURVES present in ``rows``: (epochs, values), skipping
+    empty cells; accuracies become error rates in percent."""
+    series = {}
+    for column, panel, _ in CURVES:
+        points = [(row["epoch"], row[column]) for row in rows
+                  if isinstance(row.get(column), (int, float))]
+        if not points:
+            continue
+        epochs = [int(e) for e, _ in points]
+        values = [float(v) for _, v in points]
+        if panel == "error":
+            values = [PERCENT * (1.0 - v) for v in values]
+        series[column] = (epochs, values)
+    return series
+
+
+def training_curves_figure(rows: Sequence[dict], path: str | os.PathLike,
+                           title: Optional[str] = None) -> Path:
+    """Loss and error rate (%, log scale) per epoch from a run's metrics rows."""
+    series = curve_series(rows)
+    if not series:
+        raise ValueError("no loss or accuracy columns with values in the metrics log")
+    fig = Figure(figsize=(10, 4))
+    loss_ax, error_ax = fig.subplots(1, 2)
+    panels = {"loss": loss_ax, "error": error_ax}
+    for column, panel, label in CURVES:
+        if column in series:
+            epochs, values = series[column]
+            panels[panel].plot(epochs, values, marker="o", markersize=3, label=label)
+    loss_ax.set_ylabel("loss (margin + weighted reconstruction)")
+    error_ax.set_ylabel("error rate (%)")
+    for ax in panels.values():
+        ax.set_xlabel("epoch")
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+            if all(v > 0 for line in ax.lines for v in line.get_ydata()):
+                ax.set_yscale("log")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(fig, path)
+
+
+def prediction_figure(image: np.ndarray, reconstruction: Optional[np.ndarray],
+                      lengths: Sequence[float], title: str, path: str | os.PathLike) -> Path:
+    """An input (H, W) uint8 as the model saw it, its reconstruction (H, W) or None, and the
+    per-class capsule lengths (J,) as bars."""
+    panels = 3 if reconstruction is not None else 2
+    fig = Figure(figsize=(3 * panels, 3))
+    axes = fig.subplots(1, panels)
+    _show(axes[0], image, "input as the model saw it")
+    if reconstruction is not None:
+        _show(axes[1], reconstruction, "reconstruction")
+    bars = axes[-1]
+    winner = int(np.argmax(lengths))
+    bars.bar(range(len(lengths)), lengths,
+             color=[WINNER_COLOR if j == winner else OTHER_COLOR for j in range(len(lengths))])
+    bars.set_xticks(range(len(lengths)))
+    bars.set_ylim(0, 1)
+    bars.set_title("capsule lengths", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    return _save(fig, path)

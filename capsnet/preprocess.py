@@ -1,0 +1,208 @@
+"""Your own digit images -> MNIST-like 28x28 inputs, the way MNIST itself was made.
+
+LeCun et al. size-normalised each digit to fit a 20x20 box keeping its aspect ratio
+(with anti-aliasing, hence grey levels) and centred it by its centre of mass in a 28x28
+field, white ink on black. :func:`prepare_image` does the same to a photo or scan:
+
+1. grayscale (transparent pixels flattened onto a contrasting background);
+2. dark-on-light detected from the border and inverted, so ink is bright;
+3. background subtracted and contrast stretched; faint noise set to zero;
+4. cropped to the ink's bounding box;
+5. scaled so its longer side is 20 pixels, aspect ratio kept;
+6. pasted into 28x28 so that its centre of mass is at pixel (14, 14), as in MNIST.
+
+Anything that cannot give a digit raises :class:`PreprocessError` with a one-line reason:
+not an image, truncated, too many pixels (checked before decoding: a decompression bomb
+is refused without allocating it), or no ink.
+"""
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+MNIST_SIZE = 28  # side of the output field
+FIT_SIZE = 20  # the digit's longer side after scaling
+MAX_PIXELS = 50_000_000  # larger images are refused before they are decoded
+WORK_SIZE = 1024  # larger images are shrunk to this longer side before the pixel work
+BORDER_FRACTION = 0.05  # width of the border ring that estimates the background
+INK_PERCENTILE = 99.5  # the ink's brightness, robust to a few hot pixels
+MIN_CONTRAST = 40  # grey levels (of 255) between background and ink, else "no ink"
+NOISE_FRACTION = 0.25  # stretched values below this are background noise -> 0
+PIXEL_MAX = 255.0
+MID_GREY = 128
+
+ImageSource = Union[str, os.PathLike, bytes, bytearray, Image.Image, np.ndarray]
+
+
+class PreprocessError(ValueError):
+    """An input that cannot be turned into a digit image (one line, names the input)."""
+
+
+class ImageTooLargeError(PreprocessError):
+    """An image with more than MAX_PIXELS pixels, refused before its pixels are decoded."""
+
+
+def load_grey(source: Union[str, os.PathLike, bytes, bytearray, Image.Image]) -> np.ndarray:
+    """Decode a path, encoded bytes or PIL image into grey levels (H, W) float32 in [0, 255].
+
+    The pixel count is checked from the header, before any pixel data is decoded.
+    Raises PreprocessError for a missing or empty file, a non-image, a truncated or corrupt
+    file, or more than MAX_PIXELS pixels.
+    """
+    if isinstance(source, Image.Image):
+        return to_grayscale(_checked_load(source))
+    if isinstance(source, (bytes, bytearray)):
+        if not source:
+            raise PreprocessError("empty file")
+        stream = io.BytesIO(source)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise PreprocessError("no such file" if not path.exists() else "not a file")
+        if path.stat().st_size == 0:
+            raise PreprocessError("empty file")
+        stream = path
+    try:
+        image = Image.open(stream)
+    except UnidentifiedImageError:
+        raise PreprocessError("not an image (Pillow cannot identify its format)") from None
+    except Image.DecompressionBombError:
+        raise ImageTooLargeError(f"image too large: far over the limit of {MAX_PIXELS:,} "
+                                 "pixels") from None
+    except Exception as exc:  # a header Pillow recognises but cannot parse
+        raise PreprocessError(f"unreadable image ({_reason(exc)})") from None
+    with image:
+        return to_grayscale(_checked_load(image))
+
+
+def _checked_load(image: Image.Image) -> Image.Image:
+    """Refuse images over MAX_PIXELS, then decode the pixels (JPEG at a reduced scale)."""
+    width, height = image.size
+    if width * height > MAX_PIXELS:
+        raise ImageTooLargeError(f"image too large: {width}x{height} pixels is over the limit of "
+                              f"{MAX_PIXELS:,}")
+    if width == 0 or height == 0:
+        raise PreprocessError("image has no pixels")
+    try:
+        image.draft(None, (WORK_SIZE, WORK_SIZE))  # JPEG only: decode at 1/2, 1/4 or 1/8
+        image.load()
+    except Exception as exc:  # Pillow raises OSError, SyntaxError, EOFError... when truncated
+        raise PreprocessError(f"truncated or corrupt image ({_reason(exc)})") from None
+    return image
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def to_grayscale(image: Image.Image) -> np.ndarray:
+    """A decoded image -> float32 (H, W) grey levels in [0, 255], upright (EXIF orientation
+    applied), at most WORK_SIZE on its longer side.
+
+    Transparent pixels are flattened onto white, or onto black if that leaves no contrast
+    (white strokes on a transparent canvas). 16-bit and float images are rescaled.
+    """
+    image = ImageOps.exif_transpose(image)
+    if max(image.size) > WORK_SIZE:
+        image = image.copy()
+        image.thumbnail((WORK_SIZE, WORK_SIZE), Image.Resampling.BOX)
+    if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        alpha = np.asarray(rgba.getchannel("A"), dtype=np.float32) / PIXEL_MAX  # (H, W)
+        grey = np.asarray(rgba.convert("L"), dtype=np.float32)  # (H, W)
+        on_white = grey * alpha + PIXEL_MAX * (1 - alpha)  # (H, W)
+        if np.ptp(on_white) >= MIN_CONTRAST:
+            return on_white
+        return grey * alpha  # (H, W) on black
+    if image.mode.startswith("I") or image.mode == "F":  # 16/32-bit integer or float grey
+        grey = np.asarray(image, dtype=np.float32)  # (H, W)
+        peak = float(grey.max())
+        return grey * (PIXEL_MAX / peak) if peak > PIXEL_MAX else grey
+    return np.asarray(image.convert("L"), dtype=np.float32)  # (H, W)
+
+
+def ink_map(grey: np.ndarray) -> np.ndarray:
+    """Grey levels (H, W) -> ink (H, W) in [0, 1]: bright ink on a zero background.
+
+    The background is the median of a border ring; a light background means dark ink,
+    which is inverted. Raises PreprocessError when ink and background barely differ.
+    """
+    H, W = grey.shape
+    ring = max(1, round(BORDER_FRACTION * min(H, W)))
+    border = np.concatenate([grey[:ring].ravel(), grey[-ring:].ravel(),
+                             grey[:, :ring].ravel(), grey[:, -ring:].ravel()])
+    background = float(np.median(border))
+    if background >= MID_GREY:  # dark ink on light paper
+        grey, background = PIXEL_MAX - grey, PIXEL_MAX - background  # (H, W)
+    ink_level = float(np.percentile(grey, INK_PERCENTILE))
+    if ink_level - background < MIN_CONTRAST:
+        ink_level = float(grey.max())  # a thin stroke may be fewer pixels than the percentile
+    if ink_level - background < MIN_CONTRAST:
+        raise PreprocessError("no ink found: the image is blank or has too little contrast")
+    ink = np.clip((grey - background) / (ink_level - background), 0.0, 1.0)  # (H, W)
+    ink[ink < NOISE_FRACTION] = 0.0
+    return ink
+
+
+def fit_to_box(ink: np.ndarray, box: int = FIT_SIZE) -> np.ndarray:
+    """Crop ink (H, W) to its bounding box and scale it (anti-aliased) so that its longer
+    side is ``box`` pixels, keeping the aspect ratio. Returns (h, w) float32, max 1."""
+    rows = np.flatnonzero(ink.any(axis=1))
+    cols = np.flatnonzero(ink.any(axis=0))
+    if rows.size == 0:
+        raise PreprocessError("no ink found: the image is blank or has too little contrast")
+    crop = ink[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]  # (h0, w0)
+    h0, w0 = crop.shape
+    scale = box / max(h0, w0)
+    size = (max(1, round(w0 * scale)), max(1, round(h0 * scale)))  # PIL's (width, height)
+    resized = Image.fromarray(crop.astype(np.float32)).resize(
+        size, Image.Resampling.LANCZOS, reducing_gap=None if scale >= 1 else 2.0)
+    digit = np.clip(np.asarray(resized, dtype=np.float32), 0.0, None)  # (h, w)
+    peak = float(digit.max())
+    if peak <= 0:
+        raise PreprocessError("no ink found after scaling")
+    return np.minimum(digit / peak, 1.0)
+
+
+def center_by_mass(digit: np.ndarray, size: int = MNIST_SIZE) -> np.ndarray:
+    """Paste digit (h, w) into a (size, size) field so that its centre of mass falls on
+    pixel (size/2, size/2), where MNIST's digits have theirs (mean 14.00 on its test set),
+    kept inside the field. Returns (size, size) float32."""
+    h, w = digit.shape
+    total = float(digit.sum())
+    com_y = float((digit.sum(axis=1) * np.arange(h)).sum()) / total
+    com_x = float((digit.sum(axis=0) * np.arange(w)).sum()) / total
+    centre = size / 2  # MNIST's own digits have their centre of mass at pixel (14, 14)
+    top = int(np.clip(round(centre - com_y), 0, size - h))
+    left = int(np.clip(round(centre - com_x), 0, size - w))
+    field = np.zeros((size, size), dtype=np.float32)  # (28, 28)
+    field[top:top + h, left:left + w] = digit
+    return field
+
+
+def prepare_array(grey: np.ndarray) -> np.ndarray:
+    """Grey levels (H, W) (any polarity, 0..255) -> MNIST-like uint8 (28, 28)."""
+    grey = np.asarray(grey, dtype=np.float32)
+    if grey.ndim != 2:
+        raise PreprocessError(f"expected a 2-D grey image, got shape {tuple(grey.shape)}")
+    if grey.size == 0:
+        raise PreprocessError("image has no pixels")
+    field = center_by_mass(fit_to_box(ink_map(grey)))  # (28, 28) in [0, 1]
+    return np.round(field * PIXEL_MAX).astype(np.uint8)
+
+
+def prepare_image(source: ImageSource) -> np.ndarray:
+    """A photo or scan of one handwritten digit -> MNIST-like uint8 (28, 28), white on black.
+
+    ``source``: a path, encoded image bytes (PNG, JPEG, any format Pillow reads), a PIL
+    image, or a 2-D array of grey levels 0..255. Raises PreprocessError.
+    """
+    if isinstance(source, np.ndarray):
+        return prepare_array(source)
+    return prepare_array(load_grey(source))

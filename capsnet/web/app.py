@@ -1,0 +1,142 @@
+"""A one-page Flask app around the library: decode request -> library call -> encode response.
+
+Routes:
+    GET  /             the page (static/index.html, static/app.js, static/style.css)
+    POST /api/predict  an image upload (multipart field 'image', or a raw image body)
+                       -> digit, capsule lengths, winning pose, input and reconstruction
+    POST /api/decode   JSON {"digit": k, "pose": [D floats]} -> the decoded reconstruction
+
+Every error is a JSON {"error": message} with a 4xx status (5xx only for a bug), so a bad
+upload (not an image, empty, too many bytes or pixels) never takes the server down.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import math
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+from flask import Flask, jsonify, request
+from PIL import Image
+from torch import nn
+from werkzeug.exceptions import HTTPException
+from werkzeug.serving import BaseWSGIServer
+from werkzeug.serving import make_server as werkzeug_make_server
+
+from capsnet.inference import decode_pose, model_device, predict_prepared, to_uint8
+from capsnet.preprocess import ImageTooLargeError, PreprocessError, prepare_image
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+MAX_UPLOAD_BYTES = 10 * 1024 * 1024  # larger request bodies get 413 before they are read
+MAX_POSE_VALUE = 10.0  # capsule lengths are < 1; anything far beyond is not a pose
+TOP_K = 3
+LISTEN_BACKLOG = 128
+HTTP_BAD_REQUEST, HTTP_TOO_LARGE, HTTP_SERVER_ERROR = 400, 413, 500
+
+
+def png_data_url(image: np.ndarray) -> str:
+    """uint8 (H, W) -> 'data:image/png;base64,...'."""
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def error(message: str, status: int = HTTP_BAD_REQUEST):
+    return jsonify(error=message), status
+
+
+def create_app(model: nn.Module) -> Flask:
+    """The demo app serving ``model`` (a CapsNet, or any model :func:`predict_prepared` takes)."""
+    app = Flask(__name__, static_folder=str(STATIC_DIR), static_url_path="/static")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_UPLOAD_BYTES
+    model.eval()
+    lock = threading.Lock()  # one model call at a time across the server's threads
+    decoder = getattr(model, "decoder", None)
+    num_classes = model.config.num_classes
+
+    @app.get("/")
+    def index():
+        return app.send_static_file("index.html")
+
+    @app.post("/api/predict")
+    def api_predict():
+        data = _uploaded_bytes()
+        if not data:
+            return error("empty upload: choose an image file or draw a digit")
+        try:
+            image = prepare_image(data)  # (28, 28) uint8
+        except ImageTooLargeError as exc:
+            return error(str(exc), HTTP_TOO_LARGE)
+        except PreprocessError as exc:
+            return error(str(exc))
+        with lock:
+            [p] = predict_prepared(model, image[None], ["upload"], TOP_K)
+        return jsonify(digit=p.digit, length=p.length, lengths=p.lengths, top=p.top,
+                       pose=p.pose, input=png_data_url(p.image),
+                       reconstruction=(png_data_url(p.reconstruction)
+                                       if p.reconstruction is not None else None))
+
+    @app.post("/api/decode")
+    def api_decode():
+        if decoder is None:
+            return error("this model has no reconstruction decoder")
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict):
+            return error("expected a JSON object {\"digit\": k, \"pose\": [numbers]}")
+        digit, pose = body.get("digit"), body.get("pose")
+        dim = model.config.digit_dim
+        if not isinstance(digit, int) or isinstance(digit, bool) or not 0 <= digit < num_classes:
+            return error(f"digit must be an integer in 0..{num_classes - 1}")
+        if (not isinstance(pose, list) or len(pose) != dim
+                or not all(_finite_number(v) for v in pose)):
+            return error(f"pose must be a list of {dim} finite numbers within "
+                         f"+-{MAX_POSE_VALUE}")
+        with lock:
+            vector = torch.tensor([pose], dtype=torch.float32, device=model_device(model))  # (1, D)
+            recon = to_uint8(decode_pose(model, vector, digit))[0]  # (28, 28)
+        return jsonify(reconstruction=png_data_url(recon))
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException):
+        if exc.code == HTTP_TOO_LARGE:
+            return error(f"upload too large: the limit is {MAX_UPLOAD_BYTES // 2**20} MB",
+                         HTTP_TOO_LARGE)
+        return error(f"{exc.name}: {exc.description}", exc.code or HTTP_BAD_REQUEST)
+
+    @app.errorhandler(Exception)
+    def server_error(exc: Exception):
+        app.logger.exception("unexpected error")
+        return error(f"internal error ({type(exc).__name__})", HTTP_SERVER_ERROR)
+
+    return app
+
+
+def _uploaded_bytes() -> bytes:
+    """The uploaded image: multipart field 'image' (or the only file), else the raw body."""
+    if request.files:
+        upload = request.files.get("image") or next(iter(request.files.values()))
+        return upload.read()
+    return request.get_data(cache=False)
+
+
+def _finite_number(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and abs(value) <= MAX_POSE_VALUE)
+
+
+def make_server(app: Flask, host: str = "127.0.0.1", port: int = 8000) -> BaseWSGIServer:
+    """A threaded WSGI server for ``app`` listening on host:port (0 picks a free port; the
+    bound one is ``server.port``); call ``serve_forever()``, then ``shutdown()`` to stop.
+
+    The socket is bound here so that a busy port raises OSError (werkzeug would exit).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+        return werkzeug_make_server(host, port, app, threaded=True, fd=sock.fileno())

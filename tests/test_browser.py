@@ -1,0 +1,109 @@
+"""The web demo end to end in a real headless Chromium: draw, predict, move a slider, upload.
+
+Needs Debian's `chromium` (apt-get install chromium) and the `playwright` Python package
+(its own browser download is not used). Skipped only where either is missing.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from capsnet.inference import resolve_model
+from capsnet.web import create_app, make_server
+
+CHROMIUM = Path(os.environ.get("CAPSNET_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+WAIT_MS = 60_000  # generous: the CPU may be shared with training jobs
+RECON_IS = "(src) => document.getElementById('recon').src === src"
+RECON_IS_NOT = "(src) => document.getElementById('recon').src !== src"
+
+if not CHROMIUM.exists():
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="module")
+def server_url(small_checkpoint):
+    server = make_server(create_app(resolve_model(small_checkpoint)), "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.port}/"
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture()
+def page(browser, server_url):
+    page = browser.new_page(viewport={"width": 1200, "height": 800})
+    page.set_default_timeout(WAIT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(server_url)
+    yield page
+    page.close()
+    assert errors == [], f"JavaScript errors: {errors}"
+
+
+def draw_seven(page) -> None:
+    box = page.locator("#pad").bounding_box()
+    points = [(0.3, 0.2), (0.7, 0.2), (0.45, 0.85)]
+    x, y = box["x"] + points[0][0] * box["width"], box["y"] + points[0][1] * box["height"]
+    page.mouse.move(x, y)
+    page.mouse.down()
+    for px, py in points[1:]:
+        page.mouse.move(box["x"] + px * box["width"], box["y"] + py * box["height"], steps=12)
+    page.mouse.up()
+
+
+def test_draw_predict_and_move_a_slider(page, tmp_path):
+    expect = sync_api.expect
+    draw_seven(page)
+    expect(page.locator("#digit")).to_have_text(re.compile(r"^[0-9]$"))
+    expect(page.locator("#status")).to_contain_text("Predicted")
+    expect(page.locator("#bars .bar")).to_have_count(10)
+    expect(page.locator("#bars .bar.winner")).to_have_count(1)
+    expect(page.locator("#sliders input.slider")).to_have_count(16)
+    recon = page.locator("#recon")
+    before = recon.get_attribute("src")
+    assert before.startswith("data:image/png;base64,")
+    assert page.locator("#seen").get_attribute("src").startswith("data:image/png;base64,")
+
+    page.locator("#dim-0").focus()
+    page.keyboard.press("End")  # a user dragging the slider to +0.25
+    expect(page.locator("output[for=dim-0]")).to_have_text("+0.25")
+    page.wait_for_function(RECON_IS_NOT, arg=before)
+    assert recon.get_attribute("src").startswith("data:image/png;base64,")
+
+    page.locator("#reset").click()  # back to the original pose, and so the original picture
+    page.wait_for_function(RECON_IS, arg=before)
+
+    shot = tmp_path / "demo.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_upload_shows_a_message(page):
+    page.locator("#upload").set_input_files(
+        files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not a picture"}])
+    status = page.locator("#status")
+    sync_api.expect(status).to_contain_text("not an image")
+    sync_api.expect(status).to_have_class(re.compile(r"\berror\b"))
+    draw_seven(page)  # the page still works afterwards
+    sync_api.expect(page.locator("#digit")).to_have_text(re.compile(r"^[0-9]$"))

@@ -1,0 +1,167 @@
+"""The web demo through Flask's test client: predict, decode, and bad requests as 4xx JSON."""
+from __future__ import annotations
+
+import base64
+import io
+import socket
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from capsnet.cli.main import main
+from capsnet.inference import predict, resolve_model
+from capsnet.preprocess import MAX_PIXELS
+from capsnet.web import create_app
+from capsnet.web.app import MAX_UPLOAD_BYTES
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="module")
+def model(small_checkpoint):
+    return resolve_model(small_checkpoint)
+
+
+@pytest.fixture()
+def client(model):
+    return create_app(model).test_client()
+
+
+def drawing_png() -> bytes:
+    """What the page's canvas sends: black strokes on a white 280x280 PNG."""
+    image = Image.new("RGBA", (280, 280), (255, 255, 255, 255))
+    ImageDraw.Draw(image).line([(90, 60), (190, 60), (120, 230)], fill=(0, 0, 0, 255), width=20)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A tiny PNG whose header claims width x height pixels, with no pixel data."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + data))
+        return struct.pack(">I", len(data)) + kind + data + crc
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit greyscale
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+
+
+def data_url_image(url: str) -> np.ndarray:
+    prefix = "data:image/png;base64,"
+    assert url.startswith(prefix)
+    with Image.open(io.BytesIO(base64.b64decode(url[len(prefix):]))) as image:
+        return np.asarray(image)
+
+
+def upload(client, data: bytes, name: str = "digit.png"):
+    return client.post("/api/predict", data={"image": (io.BytesIO(data), name)},
+                       content_type="multipart/form-data")
+
+
+def assert_json_error(response, status: int, words: str):
+    assert response.status_code == status
+    assert response.is_json and words in response.get_json()["error"]
+
+
+def test_page_and_static_files(client):
+    page = client.get("/")
+    assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    for needle in ('<canvas id="pad"', 'id="bars"', 'id="recon"', 'id="sliders"', "app.js"):
+        assert needle in html
+    script = client.get("/static/app.js").get_data(as_text=True)
+    assert "pointerdown" in script and "/api/decode" in script
+
+
+def test_predict_a_drawing(client, model):
+    png = drawing_png()
+    response = upload(client, png)
+    assert response.status_code == 200
+    reply = response.get_json()
+    [expected] = predict(png, model=model)
+    assert reply["digit"] == expected.digit
+    np.testing.assert_allclose(reply["lengths"], expected.lengths, rtol=1e-6)
+    assert len(reply["pose"]) == 16 and len(reply["top"]) == 3
+    np.testing.assert_array_equal(data_url_image(reply["input"]), expected.image)
+    np.testing.assert_array_equal(data_url_image(reply["reconstruction"]), expected.reconstruction)
+
+
+def test_predict_a_raw_body(client):
+    response = client.post("/api/predict", data=drawing_png(), content_type="image/png")
+    assert response.status_code == 200 and 0 <= response.get_json()["digit"] <= 9
+
+
+def test_decoding_the_unchanged_pose_gives_the_reconstruction(client):
+    reply = upload(client, drawing_png()).get_json()
+    decoded = client.post("/api/decode", json={"digit": reply["digit"], "pose": reply["pose"]})
+    assert decoded.status_code == 200
+    np.testing.assert_array_equal(data_url_image(decoded.get_json()["reconstruction"]),
+                                  data_url_image(reply["reconstruction"]))
+    moved = [v + (0.25 if d == 0 else 0.0) for d, v in enumerate(reply["pose"])]
+    changed = client.post("/api/decode", json={"digit": reply["digit"], "pose": moved}).get_json()
+    assert not np.array_equal(data_url_image(changed["reconstruction"]),
+                              data_url_image(reply["reconstruction"]))
+
+
+def test_not_an_image(client):
+    assert_json_error(upload(client, b"just some text\n", "notes.txt"), 400, "not an image")
+
+
+def test_empty_uploads(client):
+    assert_json_error(upload(client, b""), 400, "empty")
+    assert_json_error(client.post("/api/predict"), 400, "empty")
+
+
+def test_blank_and_truncated_images(client):
+    buffer = io.BytesIO()
+    Image.new("L", (100, 100), 255).save(buffer, format="PNG")
+    assert_json_error(upload(client, buffer.getvalue()), 400, "no ink")
+    png = drawing_png()
+    assert_json_error(upload(client, png[:len(png) // 2]), 400, "truncated")
+
+
+def test_too_many_bytes(client):
+    response = upload(client, b"\0" * (MAX_UPLOAD_BYTES + 1))
+    assert_json_error(response, 413, "upload too large")
+
+
+def test_too_many_pixels(client):
+    side = int(MAX_PIXELS**0.5) + 1
+    assert_json_error(upload(client, png_header(side, side)), 413, "too large")
+
+
+@pytest.mark.parametrize("body", [
+    {"digit": 3},
+    {"digit": 3, "pose": [0.0] * 15},
+    {"digit": 10, "pose": [0.0] * 16},
+    {"digit": True, "pose": [0.0] * 16},
+    {"digit": 3, "pose": ["a"] * 16},
+    {"digit": 3, "pose": [1e9] * 16},
+    [1, 2, 3],
+])
+def test_decode_rejects_bad_requests(client, body):
+    response = client.post("/api/decode", json=body)
+    assert response.status_code == 400 and "error" in response.get_json()
+
+
+def test_decode_rejects_non_json(client):
+    response = client.post("/api/decode", data="pose=1", content_type="text/plain")
+    assert_json_error(response, 400, "JSON")
+
+
+def test_unknown_routes_are_json(client):
+    assert_json_error(client.get("/api/nothing"), 404, "Not Found")
+    assert_json_error(client.get("/api/predict"), 405, "Method Not Allowed")
+
+
+def test_serve_reports_a_busy_port(small_checkpoint, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        code = main(["serve", "--checkpoint", str(small_checkpoint), "--port", str(port)])
+    assert code == 1
+    assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err
