@@ -69,3 +69,13 @@ def small_checkpoint(tmp_path_factory, tiny_mnist_dir) -> Path:
     fit(TrainSettings(preset="small", data_dir=str(tiny_mnist_dir), download=False, epochs=2,
                       val_size=100, out_dir=str(out), progress=False), log=lambda _: None)
     return out / "best.pt"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    """One intra-op thread per test process: on a busy 2-core machine two threads per
+    process oversubscribe the cores and run several times slower."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -23,9 +23,9 @@ class DigitCaps(nn.Module):
         self.W = nn.Parameter(W_INIT_STD * torch.randn(in_caps, out_caps, out_dim, in_dim))
 
     def predictions(self, u: torch.Tensor) -> torch.Tensor:
-        """u: (B, I, in_dim) -> u_hat: (B, I, J, out_dim)."""
-        return torch.einsum("ijdk,bik->bijd", self.W, u)  # (B, 1152, 10, 16)
+        """u: (B, I, in_dim) -> u_hat: (B, J, I, out_dim), output-major for the routing."""
+        return torch.einsum("ijdk,bik->bjid", self.W, u)  # (B, 10, 1152, 16)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        u_hat = self.predictions(u)  # (B, I, J, D)
+        u_hat = self.predictions(u)  # (B, J, I, D)
         return dynamic_routing(u_hat, self.iterations, self.full_graph)  # (B, J, D)

@@ -9,25 +9,30 @@ from capsnet.layers.squash import squash
 def dynamic_routing(u_hat: torch.Tensor, iterations: int, full_graph: bool = False) -> torch.Tensor:
     """Route prediction vectors ``u_hat`` to output capsules by agreement.
 
-    u_hat: (B, I, J, D) predictions of the I input capsules for the J outputs.
-    Returns v: (B, J, D).
+    u_hat: (B, J, I, D), the predictions of the I input capsules for the J output capsules,
+    laid out output-major so that both contractions over I and D are plain batched
+    matrix products over (B, J). Returns v: (B, J, D).
 
-    The logits b start at zero for every example (never shared across the batch), the
-    couplings c are a softmax over the J output capsules, and b grows by the agreement
-    u_hat . v. Unless ``full_graph``, gradients flow through the last iteration only
-    (the earlier iterations see a detached u_hat), as in most reference code.
-    The routing runs in float32 even under autocast.
+    The logits b start at zero for every example (never shared across the batch), so the
+    first couplings are uniform, c = 1/J, and that softmax is skipped; later couplings are
+    a softmax over the J output capsules; b grows by the agreement u_hat . v. Unless
+    ``full_graph``, gradients flow through the last iteration only (the earlier iterations
+    see a detached u_hat), as in most reference code. Runs in float32 even under autocast.
     """
     u_hat = u_hat.float()
-    B, I, J, _ = u_hat.shape
+    B, J, I, D = u_hat.shape
     u_hat_routing = u_hat if full_graph else u_hat.detach()
-    b = torch.zeros(B, I, J, device=u_hat.device, dtype=u_hat.dtype)  # (B, I, J)
+    b = None  # (B, J, I) routing logits; None stands for all zeros
     for r in range(iterations):
         last = r == iterations - 1
         u = u_hat if last else u_hat_routing
-        c = torch.softmax(b, dim=2)  # (B, I, J), sums to 1 over J
-        s = torch.einsum("bij,bijd->bjd", c, u)  # (B, J, D)
+        if b is None:
+            s = u.sum(dim=2) / J  # (B, J, D): softmax of zeros is 1/J
+        else:
+            c = torch.softmax(b, dim=1)  # (B, J, I), sums to 1 over J
+            s = torch.matmul(c.unsqueeze(2), u).squeeze(2)  # (B, J, 1, I) @ (B, J, I, D) -> (B, J, D)
         v = squash(s)  # (B, J, D)
         if not last:
-            b = b + torch.einsum("bijd,bjd->bij", u, v)  # (B, I, J)
+            agreement = torch.matmul(u, v.unsqueeze(-1)).squeeze(-1)  # (B, J, I)
+            b = agreement if b is None else b + agreement
     return v

@@ -11,8 +11,8 @@ def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """v = |s|^2 / (1 + |s|^2) * s / |s|, along ``dim``.
 
     The vector is first divided by its largest absolute entry, so no square overflows
-    even for entries near the float32 limit, and the length factor is written as
-    ``1 - 1 / (1 + |s|^2)``, which tends to 1 (not inf/inf) for huge vectors.
+    even for entries near the float32 limit, and the length factor avoids both
+    cancellation for short vectors and inf/inf for huge ones.
     Because the result is identical for any positive rescaling constant, the
     rescaling is detached and the gradient is exact.
 
@@ -21,5 +21,9 @@ def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
     scale = s.detach().abs().amax(dim=dim, keepdim=True).clamp_min(torch.finfo(s.dtype).tiny)
     t = s / scale  # entries in [-1, 1]
     t_norm = torch.sqrt(t.pow(2).sum(dim=dim, keepdim=True) + SQUASH_EPS)
-    norm = scale * t_norm  # |s|
-    return t / t_norm * (1 - 1 / (1 + norm.pow(2)))
+    n2 = (scale * t_norm).pow(2)  # |s|^2, inf for huge vectors
+    # |s|^2 / (1 + |s|^2): written directly for short vectors (no cancellation), and as
+    # 1 - 1 / (1 + |s|^2) for long ones (no inf / inf); each branch sees safe inputs only.
+    short = n2 < 1
+    factor = torch.where(short, n2 / (1 + n2.masked_fill(~short, 0)), 1 - 1 / (1 + n2))
+    return t / t_norm * factor
