@@ -11,7 +11,8 @@ from torch import nn
 
 from capsnet.config import config_from_dict
 from capsnet.models import build_model
-from capsnet.training.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from capsnet.training.checkpoint import (CheckpointError, error_summary, load_checkpoint,
+                                         model_from_checkpoint)
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "capsnet-mnist.safetensors"
@@ -63,7 +64,7 @@ def load_weights(path: str | os.PathLike = DEFAULT_WEIGHTS, device: Any = "cpu")
         model.load_state_dict(state)
     except RuntimeError as exc:
         raise CheckpointError(f"{path}: weights do not match the {meta['model']} model: "
-                              f"{str(exc).splitlines()[0]}") from None
+                              f"{error_summary(exc)}") from None
     return model.to(device).eval()
 
 

@@ -17,9 +17,10 @@ def dynamic_routing(u_hat: torch.Tensor, iterations: int, full_graph: bool = Fal
     first couplings are uniform, c = 1/J, and that softmax is skipped; later couplings are
     a softmax over the J output capsules; b grows by the agreement u_hat . v. Unless
     ``full_graph``, gradients flow through the last iteration only (the earlier iterations
-    see a detached u_hat), as in most reference code. Runs in float32 even under autocast.
+    see a detached u_hat), as in most reference code. Runs in float32 (or float64) even under autocast.
     """
-    u_hat = u_hat.float()
+    if u_hat.dtype in (torch.float16, torch.bfloat16):
+        u_hat = u_hat.float()
     B, J, I, D = u_hat.shape
     u_hat_routing = u_hat if full_graph else u_hat.detach()
     b = None  # (B, J, I) routing logits; None stands for all zeros
