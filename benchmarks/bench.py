@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from capsnet.config import CapsNetConfig  # noqa: E402
-from capsnet.devices import pick_device  # noqa: E402
+from capsnet.devices import pick_device, tune_backends  # noqa: E402
 
 
 def synchronize(device: torch.device) -> None:
@@ -102,6 +102,7 @@ def build(case: str, device):
 def run_case(case: str, args) -> dict:
     """Measure one case in this process and return its numbers."""
     device = pick_device(args.device)
+    tune_backends(device)
     torch.manual_seed(0)
     x = torch.rand(args.batch_size, 1, 28, 28, device=device)
     y = torch.randint(0, 10, (args.batch_size,), device=device)

@@ -14,6 +14,7 @@ import torch
 from capsnet.config import make_config
 from capsnet.data.datasets import ImageDataset, load_dataset
 from capsnet.data.splits import _mix, epoch_order, stratified_split
+from capsnet.devices import tune_backends
 from capsnet.models import build_model
 from capsnet.training import distributed
 from capsnet.training.checkpoint import load_checkpoint, save_checkpoint, unwrap
@@ -102,6 +103,7 @@ def _quiet(_: str) -> None:
 def _fit(settings: TrainSettings, resume: Optional[str], argv: Optional[list[str]],
          log: Callable[[str], None], world: World) -> dict:
     device = world.device
+    tune_backends(device)
     torch.manual_seed(settings.seed)
     random.seed(settings.seed)
     run_dir = Path(settings.out_dir)
