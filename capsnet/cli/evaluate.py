@@ -7,13 +7,15 @@ import json
 from capsnet.cli.common import add_data_args, add_device_arg
 from capsnet.data.datasets import load_split
 from capsnet.devices import pick_device
-from capsnet.training.checkpoint import model_from_checkpoint
+from capsnet.pretrained import DEFAULT_WEIGHTS, load_model
 from capsnet.training.loop import evaluate
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("evaluate", help="evaluate a checkpoint on the test set")
-    p.add_argument("checkpoint", help="a .pt checkpoint written by `capsnet train`")
+    p.add_argument("checkpoint", nargs="?", default=None,
+                   help="a .pt checkpoint written by `capsnet train` or a .safetensors weights "
+                        "file (default: the trained CapsNet shipped with capsnet)")
     add_data_args(p)
     add_device_arg(p)
     p.add_argument("--batch-size", type=int, default=500)
@@ -23,10 +25,10 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     device = pick_device(args.device)
-    model = model_from_checkpoint(args.checkpoint, map_location=device)
+    model = load_model(args.checkpoint, device)
     test = load_split(args.dataset, "test", args.data_dir, args.download).to(device)
     result = evaluate(model, test.images, test.labels, batch_size=args.batch_size)
-    report = {"checkpoint": str(args.checkpoint), "dataset": args.dataset,
+    report = {"checkpoint": str(args.checkpoint or DEFAULT_WEIGHTS), "dataset": args.dataset,
               "images": len(test), **result.as_dict()}
     if args.json:
         print(json.dumps(report))
