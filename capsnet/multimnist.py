@@ -1,0 +1,143 @@
+"""MultiMNIST (Sabour et al. 2017, section 6): pairs of overlapping digits of different
+classes, the loss that trains two capsules and both reconstructions, and the top-2 metric.
+
+A digit (28x28) is centred on a canvas of 28 + 2 * max_shift pixels (36 for the paper's
+4-pixel shift), shifted by up to ``max_shift`` pixels in x and y, and overlaid on another
+digit of a different class shifted independently: the pixel-wise sum, clipped at 255.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from capsnet.data.augment import random_shift, to_model_input
+from capsnet.losses import RECONSTRUCTION_WEIGHT, margin_loss, reconstruction_loss
+from capsnet.transforms import PIXEL_MAX, place_on_canvas
+
+MAX_SHIFT = 4  # the paper: each digit shifted up to 4 pixels in each direction
+DIGITS_PER_IMAGE = 2
+
+
+def canvas_size(digit_size: int, max_shift: int = MAX_SHIFT) -> int:
+    """Side of the MultiMNIST images: 36 for 28x28 digits shifted by up to 4 pixels."""
+    return digit_size + 2 * max_shift
+
+
+@dataclass
+class DigitPairs:
+    """Overlapping digit pairs. images (N, S, S) uint8, the overlays; labels (N, 2) int64,
+    the two classes (always different); digits (N, 2, S, S) uint8, each digit alone, placed
+    exactly as in its overlay (the reconstruction targets)."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    digits: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+    def subset(self, index) -> "DigitPairs":
+        return DigitPairs(self.images[index], self.labels[index], self.digits[index])
+
+    def to(self, device) -> "DigitPairs":
+        return DigitPairs(self.images.to(device), self.labels.to(device), self.digits.to(device))
+
+
+def partner_indices(labels: torch.Tensor, first: torch.Tensor,
+                    generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """For each index in ``first`` (M,), a random index (M,) into ``labels`` (N,) whose class
+    differs: the class uniformly among the other classes present, then the example uniformly
+    within that class. ``generator`` lives on labels' device."""
+    device = labels.device
+    present, counts = labels.unique(return_counts=True)  # (P,), (P,) sorted
+    if present.numel() < DIGITS_PER_IMAGE:
+        raise ValueError("MultiMNIST needs digits of at least two classes")
+    by_class = torch.argsort(labels, stable=True)  # (N,): indices grouped by class
+    starts = torch.cumsum(counts, 0) - counts  # (P,)
+    own = torch.searchsorted(present, labels[first])  # (M,) position of each first class
+    pick = torch.randint(0, present.numel() - 1, first.shape, device=device,
+                         generator=generator)  # (M,) among the P - 1 other classes
+    other = pick + (pick >= own).long()  # (M,) skip the own class
+    within = (torch.rand(first.shape, device=device, generator=generator)
+              * counts[other]).long().clamp_max(counts[other] - 1)  # (M,)
+    return by_class[starts[other] + within]  # (M,)
+
+
+def shift_on_canvas(digits: torch.Tensor, max_shift: int = MAX_SHIFT,
+                    generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Centre each digit (M, H, W) on a canvas of H + 2 * max_shift and shift it by up to
+    ``max_shift`` pixels in x and y. Returns (M, S, S), same dtype."""
+    centred = place_on_canvas(digits, canvas_size(digits.shape[-1], max_shift))  # (M, S, S)
+    return random_shift(centred.unsqueeze(1), max_shift, generator).squeeze(1)  # (M, S, S)
+
+
+def overlay(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Pixel-wise sum of two uint8 image batches, clipped at 255."""
+    return (a.int() + b.int()).clamp_max(PIXEL_MAX).to(torch.uint8)
+
+
+def make_pairs(images: torch.Tensor, labels: torch.Tensor, first: torch.Tensor,
+               max_shift: int = MAX_SHIFT,
+               generator: Optional[torch.Generator] = None) -> DigitPairs:
+    """One pair for each index in ``first`` (M,): that digit of ``images`` (N, 28, 28) uint8
+    over a random digit of another class from the same images. Deterministic for a
+    generator state; partners, then the two digits' shifts, are drawn from ``generator``."""
+    second = partner_indices(labels, first, generator)  # (M,)
+    both = torch.stack([first, second], dim=1)  # (M, 2)
+    M = both.shape[0]
+    digits = shift_on_canvas(images[both.flatten()], max_shift, generator)  # (2M, S, S)
+    digits = digits.view(M, DIGITS_PER_IMAGE, *digits.shape[-2:])  # (M, 2, S, S)
+    return DigitPairs(overlay(digits[:, 0], digits[:, 1]), labels[both], digits)
+
+
+def pair_set(images: torch.Tensor, labels: torch.Tensor, count: int, seed: int,
+             max_shift: int = MAX_SHIFT) -> DigitPairs:
+    """A fixed set of ``count`` pairs (for validation or test), the same for a seed on every
+    device: made on the CPU, cycling through ``images`` (N, 28, 28) as first digits, and
+    returned on images' device."""
+    g = torch.Generator().manual_seed(seed)
+    first = torch.arange(count) % labels.numel()  # (count,)
+    pairs = make_pairs(images.cpu(), labels.cpu(), first, max_shift, g)
+    return pairs.to(images.device)
+
+
+def two_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """(B, 2) class pairs -> (B, J) 0/1 targets with both classes on."""
+    return F.one_hot(labels, num_classes).amax(dim=1)  # (B, J)
+
+
+def pair_loss(model: nn.Module, x: torch.Tensor, labels: torch.Tensor, digits: torch.Tensor,
+              reconstruction_weight: float = RECONSTRUCTION_WEIGHT):
+    """The paper's MultiMNIST loss of a CapsNet and its output.
+
+    x (B, 1, S, S) float overlays, labels (B, 2), digits (B, 2, 1, S, S) float targets.
+    Margin loss with both capsules as targets, plus ``reconstruction_weight`` times the sum
+    of the two reconstruction losses, each digit decoded from its own capsule alone.
+    """
+    out = model(x, labels[:, 0])  # lengths (B, J), poses (B, J, D), reconstruction of digit 1
+    loss = margin_loss(out.lengths.float(), two_hot(labels, out.lengths.shape[-1]))
+    if out.reconstructions is not None and reconstruction_weight > 0:
+        second = model.decoder(out.poses, labels[:, 1])  # (B, 1, S, S)
+        both = (reconstruction_loss(out.reconstructions, digits[:, 0])
+                + reconstruction_loss(second, digits[:, 1]))
+        loss = loss + reconstruction_weight * both
+    return loss, out
+
+
+def top_two(lengths: torch.Tensor) -> torch.Tensor:
+    """The two most active capsules (B, 2), most active first, of lengths (B, J)."""
+    return lengths.topk(DIGITS_PER_IMAGE, dim=-1).indices  # (B, 2)
+
+
+def pairs_correct(lengths: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(B,) True where the two most active capsules are the two labels (B, 2), as a set."""
+    return (top_two(lengths).sort(dim=-1).values == labels.sort(dim=-1).values).all(dim=-1)
+
+
+def model_inputs(pairs: DigitPairs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float model input (B, 1, S, S) and reconstruction targets (B, 2, 1, S, S) in [0, 1]."""
+    return to_model_input(pairs.images), to_model_input(pairs.digits).unsqueeze(2)

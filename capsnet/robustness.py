@@ -1,0 +1,124 @@
+"""Accuracy of several models on transformed test digits: a rotation sweep and a seeded
+affine set, every model seeing exactly the same transformed images.
+
+Test digits (N, 28, 28) are transformed on the fly at each model's input size (a model
+taking 40x40 input sees the digit centred on a 40x40 canvas, then transformed).
+"""
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from capsnet.training.loop import evaluate
+from capsnet.transforms import AffineRanges, affine_set, rotate
+
+ROTATION, AFFINE = "rotation", "affine"
+CSV_COLUMNS = ("model", "input_size", "transform", "angle_deg", "images", "accuracy", "error")
+DIGITS = 6  # decimals kept for accuracies
+
+
+@dataclass
+class NamedModel:
+    """A model in eval mode with the label it gets in tables and plots."""
+
+    label: str
+    model: nn.Module
+
+    @property
+    def image_size(self) -> int:
+        return self.model.config.image_size
+
+
+def input_size_check(models: Sequence[NamedModel], image_size: int) -> None:
+    """Raise ValueError unless every model takes images at least ``image_size`` square."""
+    for m in models:
+        if m.image_size < image_size:
+            raise ValueError(f"{m.label} takes {m.image_size}x{m.image_size} images, smaller "
+                             f"than the {image_size}x{image_size} test digits")
+
+
+def rotation_rows(models: Sequence[NamedModel], images: torch.Tensor, labels: torch.Tensor,
+                  angles: Sequence[float], batch_size: int = 500) -> list[dict]:
+    """One row per (model, angle): accuracy on ``images`` (N, H, W) uint8 turned by the angle."""
+    rows = []
+    for angle in angles:
+        cache: dict[int, torch.Tensor] = {}  # input size -> rotated set, shared by the models
+        for m in models:
+            if m.image_size not in cache:
+                cache[m.image_size] = rotate(images, angle, out_size=m.image_size)  # (N, S, S)
+            result = evaluate(m.model, cache[m.image_size], labels, batch_size=batch_size)
+            rows.append(_row(m, ROTATION, angle, len(labels), result.accuracy))
+    return rows
+
+
+def affine_rows(models: Sequence[NamedModel], images: torch.Tensor, labels: torch.Tensor,
+                ranges: AffineRanges = AffineRanges(), seed: int = 0,
+                batch_size: int = 500) -> list[dict]:
+    """One row per model: accuracy on the seeded affine set of ``images`` (N, H, W)."""
+    rows, cache = [], {}
+    for m in models:
+        if m.image_size not in cache:
+            cache[m.image_size] = affine_set(images, ranges, seed, out_size=m.image_size)
+        result = evaluate(m.model, cache[m.image_size], labels, batch_size=batch_size)
+        rows.append(_row(m, AFFINE, None, len(labels), result.accuracy))
+    return rows
+
+
+def _row(m: NamedModel, transform: str, angle, images: int, accuracy: float) -> dict:
+    return {"model": m.label, "input_size": m.image_size, "transform": transform,
+            "angle_deg": angle, "images": images, "accuracy": round(accuracy, DIGITS),
+            "error": round(1.0 - accuracy, DIGITS)}
+
+
+def write_csv(rows: Sequence[dict], path: str | os.PathLike) -> Path:
+    """Rows as CSV with :data:`CSV_COLUMNS` (an affine row has an empty angle)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, CSV_COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if row[k] is None else row[k]) for k in CSV_COLUMNS})
+    return path
+
+
+def accuracy_grid(rows: Sequence[dict], affine_label: str = "affine"
+                  ) -> tuple[list[str], list[tuple[str, list]]]:
+    """The rows rearranged as (model labels, [(test-set name, accuracy per model or None)]):
+    one line per rotation angle in order, then the affine set."""
+    labels = list(dict.fromkeys(r["model"] for r in rows))
+    table = {(r["model"], r["transform"], r["angle_deg"]): r["accuracy"] for r in rows}
+    angles = list(dict.fromkeys(r["angle_deg"] for r in rows if r["transform"] == ROTATION))
+    keys = [(ROTATION, a, f"rotated {a:+g} deg") for a in angles]
+    if any(r["transform"] == AFFINE for r in rows):
+        keys.append((AFFINE, None, affine_label))
+    return labels, [(name, [table.get((label, transform, angle)) for label in labels])
+                    for transform, angle, name in keys]
+
+
+def format_table(rows: Sequence[dict], affine_label: str = "affine") -> str:
+    """Plain-text accuracy table (percent): a line per test set, a column per model."""
+    labels, lines = accuracy_grid(rows, affine_label)
+    width = max([len(label) for label in labels] + [len("100.00")])
+    first = max(len(name) for name, _ in lines)
+    out = [" ".join([" " * first] + [f"{label:>{width}}" for label in labels])]
+    for name, cells in lines:
+        out.append(" ".join([f"{name:<{first}}"] + [
+            f"{'-':>{width}}" if c is None else f"{100 * c:>{width}.2f}" for c in cells]))
+    return "\n".join(out)
+
+
+def markdown_table(rows: Sequence[dict], affine_label: str = "affine") -> str:
+    """The same table in Markdown (accuracy in percent)."""
+    labels, lines = accuracy_grid(rows, affine_label)
+    out = ["| test set | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for name, cells in lines:
+        out.append(f"| {name} | " + " | ".join(
+            "-" if c is None else f"{100 * c:.2f}%" for c in cells) + " |")
+    return "\n".join(out)
