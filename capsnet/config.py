@@ -6,7 +6,7 @@ kernels and the stride (1152 = 32 types x 6 x 6 for a 28x28 input).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 def conv_output_size(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:

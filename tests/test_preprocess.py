@@ -1,13 +1,12 @@
 """Own images -> MNIST-like 28x28: polarity, crop, 20x20 fit, centre of mass, bad inputs."""
 from __future__ import annotations
 
-import io
-import struct
-import zlib
 
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw
+
+from image_files import encoded, png_header
 
 from capsnet.preprocess import (FIT_SIZE, MAX_PIXELS, MNIST_SIZE, ImageTooLargeError,
                                 PreprocessError, prepare_image)
@@ -24,21 +23,6 @@ def drawn_digit(size=(300, 400), ink=20, paper=235, offset=(0, 0), mode="L") -> 
     draw.line([(80 + dx, 100 + dy), (200 + dx, 100 + dy), (120 + dx, 300 + dy)], fill=fill,
               width=18)
     return image
-
-
-def encoded(image: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **kwargs)
-    return buffer.getvalue()
-
-
-def png_header(width: int, height: int) -> bytes:
-    """A PNG whose header claims width x height pixels, with no pixel data at all."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = struct.pack(">I", zlib.crc32(kind + data))
-        return struct.pack(">I", len(data)) + kind + data + crc
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit greyscale
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
 
 
 def centre_of_mass(image: np.ndarray) -> tuple[float, float]:

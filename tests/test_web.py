@@ -4,13 +4,13 @@ from __future__ import annotations
 import base64
 import io
 import socket
-import struct
-import zlib
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageDraw
+
+from image_files import png_header
 
 from capsnet.cli.main import main
 from capsnet.inference import predict, resolve_model
@@ -38,15 +38,6 @@ def drawing_png() -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
-
-
-def png_header(width: int, height: int) -> bytes:
-    """A tiny PNG whose header claims width x height pixels, with no pixel data."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = struct.pack(">I", zlib.crc32(kind + data))
-        return struct.pack(">I", len(data)) + kind + data + crc
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit greyscale
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
 
 
 def data_url_image(url: str) -> np.ndarray:

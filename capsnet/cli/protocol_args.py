@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from capsnet.cli.common import add_data_args, add_device_arg
-from capsnet.config import PRESETS
+from capsnet.cli.common import add_device_arg
+from capsnet.cli.train import DEFAULTS, add_recipe_args
 from capsnet.models import model_name_of
 from capsnet.pretrained import load_model
 from capsnet.robustness import NamedModel
 from capsnet.training.fit import PRECISIONS
 from capsnet.training.settings import TrainSettings
-
-DEFAULTS = TrainSettings()
 
 
 def add_training_args(p: argparse.ArgumentParser, out_dir: str, models=("capsnet", "cnn"),
@@ -21,18 +19,7 @@ def add_training_args(p: argparse.ArgumentParser, out_dir: str, models=("capsnet
     """The options of `capsnet train` that these protocols use, plus --target-accuracy.
     ``max_shift`` adds --max-shift with that default (MultiMNIST's digit shift);
     ``precision`` adds --precision (the protocols whose loop supports autocast)."""
-    p.add_argument("--model", default=models[0], choices=list(models))
-    p.add_argument("--preset", default=DEFAULTS.preset, choices=sorted(PRESETS),
-                   help="layer sizes: 'paper' or the narrow 'small' for quick CPU runs")
-    add_data_args(p)
-    p.add_argument("--epochs", type=int, default=DEFAULTS.epochs)
-    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
-    p.add_argument("--lr", type=float, default=DEFAULTS.lr, help="Adam learning rate")
-    p.add_argument("--lr-decay", type=float, default=DEFAULTS.lr_decay,
-                   help="learning-rate factor applied after each epoch")
-    p.add_argument("--routing-iterations", type=int, default=DEFAULTS.routing_iterations)
-    p.add_argument("--reconstruction-weight", type=float, default=DEFAULTS.reconstruction_weight,
-                   help="0 trains CapsNet without the decoder")
+    add_recipe_args(p, models)
     if max_shift is not None:
         p.add_argument("--max-shift", type=int, default=max_shift,
                        help=f"each digit's shift in pixels (default {max_shift})")

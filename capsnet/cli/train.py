@@ -25,20 +25,26 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def add_train_args(p) -> None:
-    """The recipe's arguments, shared by `train` and `repeat`."""
-    p.add_argument("--model", default=DEFAULTS.model, choices=["capsnet", "cnn"])
+def add_recipe_args(p, models=("capsnet", "cnn")) -> None:
+    """Model, data and optimisation options, shared by `train`, `repeat` and the protocols."""
+    p.add_argument("--model", default=models[0], choices=list(models))
     p.add_argument("--preset", default=DEFAULTS.preset, choices=sorted(PRESETS),
                    help="layer sizes: 'paper' or the narrow 'small' for quick CPU runs")
     add_data_args(p)
     p.add_argument("--epochs", type=int, default=DEFAULTS.epochs)
-    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
+    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size,
+                   help="global batch (split over the processes under torchrun)")
     p.add_argument("--lr", type=float, default=DEFAULTS.lr, help="Adam learning rate")
     p.add_argument("--lr-decay", type=float, default=DEFAULTS.lr_decay,
                    help="learning-rate factor applied after each epoch")
     p.add_argument("--routing-iterations", type=int, default=DEFAULTS.routing_iterations)
     p.add_argument("--reconstruction-weight", type=float, default=DEFAULTS.reconstruction_weight,
                    help="0 trains CapsNet without the decoder")
+
+
+def add_train_args(p) -> None:
+    """The recipe's arguments, shared by `train` and `repeat`."""
+    add_recipe_args(p)
     p.add_argument("--max-shift", type=int, default=DEFAULTS.max_shift,
                    help="random shift augmentation in pixels (0 disables)")
     p.add_argument("--subset", type=int, default=None,
