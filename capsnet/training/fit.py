@@ -239,8 +239,10 @@ def _final_report(settings, model, data: RunData, run_dir: Path, state: dict, lo
     results = {"epochs": state["epoch"], "final": final.as_dict()}
     best_path = run_dir / "best.pt"
     if len(data.val_idx) and best_path.exists():
-        best_model = model_from_checkpoint(best_path, map_location=data.test.images.device)
-        best = evaluate(best_model, data.test.images, data.test.labels, **kwargs)
+        best = final  # the final epoch was the selected one: the same weights
+        if state["best_epoch"] != state["epoch"]:
+            best_model = model_from_checkpoint(best_path, map_location=data.test.images.device)
+            best = evaluate(best_model, data.test.images, data.test.labels, **kwargs)
         results.update(best_epoch=state["best_epoch"], best_val_accuracy=state["best_val_accuracy"],
                        best=best.as_dict())
         log(f"test accuracy {best.accuracy:.4f} (error {100 * best.error:.2f}%) for the "

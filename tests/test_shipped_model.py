@@ -1,0 +1,30 @@
+"""The trained CapsNet that ships with capsnet reaches the test accuracy the README states."""
+import re
+from pathlib import Path
+
+import pytest
+
+from capsnet.data.datasets import load_split
+from capsnet.pretrained import DEFAULT_WEIGHTS, load_model, weights_info
+from capsnet.training.loop import evaluate
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+STATED = re.compile(r"shipped model[^*]*\*\*(\d+\.\d+)% test accuracy\*\*")
+
+
+def stated_accuracy() -> float:
+    match = STATED.search(README.read_text())
+    assert match, "README must state the shipped model's accuracy as '**NN.NN% test accuracy**'"
+    return float(match.group(1)) / 100
+
+
+def test_shipped_model_reaches_the_stated_accuracy(mnist_dir):
+    if not DEFAULT_WEIGHTS.is_file():
+        pytest.fail(f"{DEFAULT_WEIGHTS} is missing: the package must ship a trained model")
+    assert DEFAULT_WEIGHTS.stat().st_size < 40 * 2**20  # compact: float16
+    model = load_model()  # the default: the shipped weights
+    assert weights_info(DEFAULT_WEIGHTS)["model"] == "capsnet"
+    test = load_split("mnist", "test", mnist_dir, download=False)
+    result = evaluate(model, test.images, test.labels)
+    # one test image either way, for float rounding on other CPUs
+    assert abs(result.accuracy - stated_accuracy()) <= 1 / len(test) + 1e-9
