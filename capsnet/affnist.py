@@ -13,14 +13,13 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from capsnet.config import make_config
 from capsnet.data.splits import epoch_order
 from capsnet.devices import pick_device
-from capsnet.experiment import describe_run, make_optimizer, run_epochs, write_results
-from capsnet.models import build_model, count_parameters
+from capsnet.experiment import describe_run, run_epochs, write_results
+from capsnet.models import count_parameters
 from capsnet.robustness import NamedModel
 from capsnet.training.checkpoint import model_from_checkpoint
-from capsnet.training.fit import PRECISIONS, prepare_data
+from capsnet.training.fit import PRECISIONS, build_for, prepare_data
 from capsnet.training.loop import StepOptions, evaluate, train_one_epoch
 from capsnet.training.settings import TrainSettings
 from capsnet.transforms import AffineRanges, affine_set, place_on_canvas
@@ -95,12 +94,7 @@ def train_affnist(settings: TrainSettings, canvas: int = CANVAS,
     images, labels = data.train.images[data.train_idx], data.train.labels[data.train_idx]
     val_images = placed(data.train.images[data.val_idx], canvas, settings.seed)
     val_labels = data.train.labels[data.val_idx]
-    config = make_config(settings.model, settings.preset, image_size=canvas,
-                         num_classes=len(data.train.classes),
-                         routing_iterations=settings.routing_iterations,
-                         use_decoder=settings.reconstruction_weight > 0)
-    model = build_model(config).to(device)
-    optimizer, scheduler = make_optimizer(model, settings.lr, settings.lr_decay)
+    model, optimizer, scheduler = build_for(settings, data, device, image_size=canvas)
     saved = {**settings.to_dict(), "protocol": "affnist", "canvas": canvas,
              "target_accuracy": target_accuracy, "test_limit": test_limit}
     describe_run(run_dir, saved, model, argv)

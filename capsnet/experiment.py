@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-import torch
 from torch import nn
 
 from capsnet.config import config_to_dict
@@ -33,12 +32,6 @@ def describe_run(run_dir: Path, settings: dict, model: nn.Module,
     words = ["capsnet", *(argv if argv is not None else sys.argv[1:])]
     with open(run_dir / "command.txt", "a") as f:
         f.write(" ".join(words) + "\n")
-
-
-def make_optimizer(model: nn.Module, lr: float, lr_decay: float):
-    """Adam and an exponential learning-rate decay stepped once per epoch (as in ``fit``)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    return optimizer, torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay)
 
 
 def run_epochs(run_dir: Path, model: nn.Module, optimizer, scheduler, epochs: int,

@@ -9,16 +9,14 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from capsnet.config import make_config
 from capsnet.data.augment import to_model_input
 from capsnet.data.splits import epoch_order
 from capsnet.devices import pick_device
-from capsnet.experiment import describe_run, make_optimizer, run_epochs, write_results
-from capsnet.models import build_model
+from capsnet.experiment import describe_run, run_epochs, write_results
 from capsnet.multimnist import (DigitPairs, canvas_size, make_pairs, model_inputs, pair_loss,
                                 pair_set, pairs_correct, top_two)
 from capsnet.training.checkpoint import model_from_checkpoint
-from capsnet.training.fit import prepare_data
+from capsnet.training.fit import build_for, prepare_data
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.settings import TrainSettings
 
@@ -99,13 +97,9 @@ def train_multimnist(settings: TrainSettings, test_pairs: int = TEST_PAIRS,
     images, labels = data.train.images[data.train_idx], data.train.labels[data.train_idx]
     val = pair_set(data.train.images[data.val_idx], data.train.labels[data.val_idx],
                    len(data.val_idx), settings.seed, settings.max_shift)
-    config = make_config("capsnet", settings.preset,
-                         image_size=canvas_size(images.shape[-1], settings.max_shift),
-                         num_classes=len(data.train.classes),
-                         routing_iterations=settings.routing_iterations,
-                         use_decoder=settings.reconstruction_weight > 0)
-    model = build_model(config).to(device)
-    optimizer, scheduler = make_optimizer(model, settings.lr, settings.lr_decay)
+    model, optimizer, scheduler = build_for(
+        settings, data, device, image_size=canvas_size(images.shape[-1], settings.max_shift))
+    config = model.config
     saved = {**settings.to_dict(), "protocol": "multimnist", "test_pairs": test_pairs,
              "target_accuracy": target_accuracy}
     describe_run(run_dir, saved, model, argv)

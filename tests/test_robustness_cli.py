@@ -11,7 +11,8 @@ import torch
 from capsnet.affnist import compare, evaluation_sets
 from capsnet.cli.main import main
 from capsnet.config import make_config
-from capsnet.experiment import make_optimizer, run_epochs
+from capsnet.experiment import run_epochs
+from capsnet.training.fit import make_optimizer
 from capsnet.models import build_model
 from capsnet.robustness import (NamedModel, accuracy_grid, affine_rows, format_table,
                                 markdown_table, rotation_rows)

@@ -45,17 +45,23 @@ def prepare_data(settings: TrainSettings, device: torch.device) -> RunData:
     return RunData(train.to(device), test.to(device), train_idx.to(device), val_idx.to(device))
 
 
-def build_for(settings: TrainSettings, data: RunData, device: torch.device):
-    """Model, optimiser (Adam) and scheduler (exponential decay per epoch) for a run."""
+def make_optimizer(model: torch.nn.Module, lr: float, lr_decay: float):
+    """Adam and an exponential learning-rate decay stepped once per epoch."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    return optimizer, torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay)
+
+
+def build_for(settings: TrainSettings, data: RunData, device: torch.device,
+              image_size: Optional[int] = None):
+    """Model, optimiser and scheduler for a run on ``data``; ``image_size`` overrides the
+    dataset's own (the protocols that place digits on a larger canvas)."""
     config = make_config(settings.model, settings.preset,
-                         image_size=data.train.images.shape[-1],
+                         image_size=image_size or data.train.images.shape[-1],
                          num_classes=len(data.train.classes),
                          routing_iterations=settings.routing_iterations,
                          use_decoder=settings.reconstruction_weight > 0)
     model = build_model(config).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
-    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=settings.lr_decay)
-    return model, optimizer, scheduler
+    return (model, *make_optimizer(model, settings.lr, settings.lr_decay))
 
 
 def rng_state() -> dict:
