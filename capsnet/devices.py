@@ -1,7 +1,15 @@
 """Choosing the device once, for the command line; the library itself takes tensors' devices."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import sys
+
 import torch
+
+# glibc mallopt() parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -21,9 +29,31 @@ def pick_device(name: str = "auto") -> torch.device:
     return device
 
 
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to serve every allocation from its heap and keep freed memory
+    for reuse instead of handing it back to the kernel. True if it was applied.
+
+    PyTorch's CPU allocator has no cache: each large tensor is a fresh ``mmap`` whose pages
+    fault in one by one, and a CapsNet step frees and re-allocates hundreds of MB. On the
+    2-core benchmark machine this alone made a training step about 30% faster (see
+    README, Performance). The cost is a higher resident set (it holds the peak), which is
+    what a training process reaches anyway. Linux/glibc only; elsewhere nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (e.g. musl)
+        return False
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
 def tune_backends(device: torch.device) -> None:
     """Process-wide speed settings for a training or benchmark run on ``device``:
-    cuDNN autotuning for the fixed-size convolutions and TF32 matmuls on GPUs."""
+    heap reuse for CPU tensors (``keep_freed_memory``), cuDNN autotuning for the
+    fixed-size convolutions and TF32 matmuls on GPUs."""
+    if device.type == "cpu":
+        keep_freed_memory()
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
         torch.set_float32_matmul_precision("high")

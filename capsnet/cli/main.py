@@ -8,6 +8,7 @@ from typing import Optional
 
 from capsnet import __version__
 from capsnet.cli.common import USER_ERRORS
+from capsnet.devices import keep_freed_memory
 
 # Modules under capsnet.cli, each with add_parser(subparsers) and run(args, argv) -> int.
 COMMANDS = [
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    keep_freed_memory()  # every command's CPU tensors: heap reuse instead of fresh mmaps
     try:
         return args.func(args, argv)
     except USER_ERRORS as exc:

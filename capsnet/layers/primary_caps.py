@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from capsnet.layers.gemm_conv import GemmConv2d
 from capsnet.layers.squash import squash
 
 
@@ -17,7 +18,7 @@ class PrimaryCaps(nn.Module):
     def __init__(self, in_channels: int, types: int, dim: int, kernel: int, stride: int):
         super().__init__()
         self.types, self.dim = types, dim
-        self.conv = nn.Conv2d(in_channels, types * dim, kernel_size=kernel, stride=stride)
+        self.conv = GemmConv2d(in_channels, types * dim, kernel_size=kernel, stride=stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B = x.shape[0]

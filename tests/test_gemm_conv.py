@@ -1,0 +1,71 @@
+"""The per-kernel-row GEMM convolution equals F.conv2d: outputs and every gradient."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from capsnet.layers.gemm_conv import GemmConv2d
+
+
+def _reference_and_gemm(in_channels, out_channels, kernel, stride, size, batch=3, bias=True):
+    torch.manual_seed(0)
+    conv = GemmConv2d(in_channels, out_channels, kernel, stride).double()
+    if not bias:
+        conv.bias = None
+    x = torch.randn(batch, in_channels, *size, dtype=torch.float64, requires_grad=True)
+    return conv, x
+
+
+@pytest.mark.parametrize("in_channels,out_channels,kernel,stride,size", [
+    (16, 24, 9, 2, (20, 20)),   # PrimaryCaps' shape, narrow
+    (5, 7, 3, 1, (8, 8)),       # stride 1
+    (4, 6, 5, 3, (17, 14)),     # non-square input, stride 3, ragged edge
+    (3, 8, 9, 2, (9, 9)),       # a 1x1 output grid
+])
+def test_outputs_and_gradients_equal_conv2d(in_channels, out_channels, kernel, stride, size):
+    conv, x = _reference_and_gemm(in_channels, out_channels, kernel, stride, size)
+    out = conv(x)
+    expected = F.conv2d(x, conv.weight, conv.bias, stride=stride)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+
+    upstream = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (x, conv.weight, conv.bias), upstream)
+    expected_grads = torch.autograd.grad(expected, (x, conv.weight, conv.bias), upstream)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_without_bias_and_without_input_gradient():
+    conv, x = _reference_and_gemm(4, 6, 3, 2, (9, 9), bias=False)
+    x = x.detach()
+    out = conv(x)
+    torch.testing.assert_close(out, F.conv2d(x, conv.weight, stride=2))
+    (weight_grad,) = torch.autograd.grad(out.square().sum(), (conv.weight,))
+    (expected,) = torch.autograd.grad(F.conv2d(x, conv.weight, stride=2).square().sum(),
+                                      (conv.weight,))
+    torch.testing.assert_close(weight_grad, expected)
+
+
+def test_same_state_dict_as_conv2d_and_fallback_paths():
+    conv = GemmConv2d(4, 6, 3, 2)
+    plain = torch.nn.Conv2d(4, 6, 3, stride=2)
+    assert conv.state_dict().keys() == plain.state_dict().keys()
+    plain.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 4, 9, 9)
+    torch.testing.assert_close(conv(x), plain(x))
+    with torch.autocast("cpu", torch.bfloat16):  # falls back to nn.Conv2d under autocast
+        assert conv(x).dtype == torch.bfloat16
+    with pytest.raises(RuntimeError):  # input smaller than the kernel: nn.Conv2d's error
+        conv(torch.randn(2, 4, 2, 2))
+
+
+def test_primary_caps_output_channel_view_still_works():
+    """The CPU path returns a channels-last view; PrimaryCaps splits its channel dimension."""
+    from capsnet.layers import PrimaryCaps
+
+    layer = PrimaryCaps(in_channels=8, types=4, dim=8, kernel=9, stride=2)
+    x = torch.randn(2, 8, 20, 20)
+    u = layer(x)
+    assert u.shape == (2, 4 * 6 * 6, 8)
+    assert torch.isfinite(u).all()
