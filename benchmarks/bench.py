@@ -4,8 +4,11 @@
     python benchmarks/bench.py --device cpu --repeats 7
 
 Each case runs in its own subprocess so that its peak memory is its own. Prints images/s,
-the ratio to the reference, the convolutions' GFLOP/s against a large matmul measured in
-the same run, and peak memory (GPU: max allocated; CPU: peak resident set).
+the ratio to the reference, the convolutions' GFLOP/s against a large matmul timed in turns
+with them, and peak memory (GPU: max allocated; CPU: peak resident set). Every case,
+the reference included, runs under the same process settings (``tune_backends``: heap
+reuse on the CPU unless ``--default-allocator``). On the CPU the "-onednn" cases swap
+PrimaryCaps' GEMM convolution for a plain ``nn.Conv2d`` to show what that path gains.
 """
 from __future__ import annotations
 
@@ -52,11 +55,36 @@ def conv_flops(cfg: CapsNetConfig, batch: int) -> dict:
     return {"forward": conv1 + primary, "train": 2 * conv1 + 3 * primary}
 
 
-def matmul_gflops(device, warmup, repeats) -> float:
+def matmul_operands(device) -> tuple[torch.Tensor, torch.Tensor]:
     n = 2048 if device.type == "cpu" else 8192
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    # A product is short (~60 ms on 2 cores): more repeats steady the median on a noisy host.
-    return 2 * n**3 / median_seconds(lambda: a @ b, device, warmup, 4 * repeats) / 1e9
+    return torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+
+
+def interleaved_medians(fns, device, warmup: int, repeats: int) -> list[float]:
+    """Median seconds of each function, timed in turns (a, b, a, b, ...) so that a host
+    whose speed drifts during the run shifts all of them alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, seconds in zip(fns, times):
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            seconds.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+def use_plain_primary_conv(model) -> None:
+    """Swap PrimaryCaps' GEMM convolution for a plain nn.Conv2d (oneDNN on the CPU) with the
+    same weights: the "-onednn" cases, to show what the GEMM path gains."""
+    gemm_conv = model.primary_caps.conv
+    plain = torch.nn.Conv2d(gemm_conv.in_channels, gemm_conv.out_channels,
+                            gemm_conv.kernel_size, stride=gemm_conv.stride)
+    plain.load_state_dict(gemm_conv.state_dict())
+    model.primary_caps.conv = plain.to(gemm_conv.weight.device)
 
 
 def build(case: str, device):
@@ -79,6 +107,8 @@ def build(case: str, device):
             return model(x, onehot)
     else:
         model = CapsNet().to(device)
+        if "onednn" in case:
+            use_plain_primary_conv(model)
         fwd = torch.compile(model) if "compile" in case else model
         amp = torch.autocast(device.type, torch.bfloat16) if "bf16" in case else None
 
@@ -103,14 +133,12 @@ def build(case: str, device):
 def run_case(case: str, args) -> dict:
     """Measure one case in this process and return its numbers."""
     device = pick_device(args.device)
-    tune_backends(device)
+    tune_backends(device, reuse_freed_memory=not args.default_allocator)
     torch.manual_seed(0)
     x = torch.rand(args.batch_size, 1, 28, 28, device=device)
     y = torch.randint(0, 10, (args.batch_size,), device=device)
-    if case == "matmul":
-        return {"gflops": matmul_gflops(device, args.warmup, args.repeats)}
-    if case == "convs":
-        return {"gflops": conv_gflops(x, device, args)}
+    if case.startswith("convs"):
+        return {"gflops": conv_gflops(x, device, args, plain="onednn" in case)}
     model, step, infer = build(case, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -123,19 +151,25 @@ def run_case(case: str, args) -> dict:
             "peak_mb": peak_memory_mb(device)}
 
 
-def conv_gflops(x, device, args) -> float:
-    """GFLOP/s of capsnet's Conv1 + PrimaryCaps convolution, forward and backward."""
+def conv_gflops(x, device, args, plain: bool = False) -> dict:
+    """GFLOP/s of capsnet's Conv1 + PrimaryCaps convolution, forward and backward, and of
+    a square matmul timed in turns with them (the yardstick)."""
     from capsnet.models import CapsNet
 
     model = CapsNet().to(device)
+    if plain:
+        use_plain_primary_conv(model)
     convs = [model.conv1, model.primary_caps.conv]
+    a, b = matmul_operands(device)
 
     def fwd_bwd():
         h = convs[1](torch.relu(convs[0](x)))
         h.sum().backward()
 
-    seconds = median_seconds(fwd_bwd, device, args.warmup, args.repeats)
-    return conv_flops(model.config, len(x))["train"] / seconds / 1e9
+    conv_s, matmul_s = interleaved_medians([fwd_bwd, lambda: a @ b], device,
+                                           args.warmup, 2 * args.repeats)
+    return {"gflops": conv_flops(model.config, len(x))["train"] / conv_s / 1e9,
+            "matmul_gflops": 2 * a.shape[0] ** 3 / matmul_s / 1e9}
 
 
 def peak_memory_mb(device) -> float:
@@ -147,7 +181,9 @@ def peak_memory_mb(device) -> float:
 
 
 def cases_for(device: torch.device, skip_reference: bool) -> list[str]:
-    cases = ["matmul", "convs"] + ([] if skip_reference else ["naive"]) + ["capsnet"]
+    cases = ["convs"] + ([] if skip_reference else ["naive"]) + ["capsnet"]
+    if device.type == "cpu":
+        cases = ["convs-onednn"] + cases + ["capsnet-onednn"]
     if device.type == "cuda":
         cases += ["capsnet-bf16", "capsnet-compile", "capsnet-compile-bf16"]
     return cases
@@ -163,6 +199,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default=None, help="comma-separated subset of cases")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)  # child process
     parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument("--default-allocator", action="store_true",
+                        help="leave glibc malloc as it is (no heap reuse) in every case")
     args = parser.parse_args(argv)
     if args.case:
         print(json.dumps(run_case(args.case, args)))
@@ -173,7 +211,8 @@ def main(argv=None) -> int:
     for case in cases:
         child = [sys.executable, __file__, "--case", case, "--device", str(device),
                  "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
-                 "--repeats", str(args.repeats)]
+                 "--repeats", str(args.repeats)] + (
+                     ["--default-allocator"] if args.default_allocator else [])
         out = subprocess.run(child, capture_output=True, text=True)
         if out.returncode != 0:
             print(f"{case}: failed\n{out.stderr.strip().splitlines()[-1]}", file=sys.stderr)
@@ -189,10 +228,12 @@ def print_table(results: dict, device, batch: int) -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (
         f"CPU, {torch.get_num_threads()} threads")
     print(f"device: {name}; torch {torch.__version__}; batch {batch}")
-    if "matmul" in results and "convs" in results:
-        mm, cv = results["matmul"]["gflops"], results["convs"]["gflops"]
-        print(f"matmul {mm:.0f} GFLOP/s; convolutions (fwd+bwd) {cv:.0f} GFLOP/s "
-              f"= {100 * cv / mm:.0f}% of matmul")
+    for case in ("convs", "convs-onednn"):
+        if case in results:
+            cv, mm = results[case]["gflops"], results[case]["matmul_gflops"]
+            label = "capsnet's" if case == "convs" else "with a plain nn.Conv2d PrimaryCaps,"
+            print(f"{label} convolutions (fwd+bwd) {cv:.0f} GFLOP/s = {100 * cv / mm:.0f}% of "
+                  f"a {mm:.0f} GFLOP/s matmul timed in turns with them")
     ref = results.get("naive")
     print(f"{'case':<22}{'train img/s':>12}{'x ref':>8}{'infer img/s':>13}{'x ref':>8}{'peak MB':>10}")
     for case, r in results.items():

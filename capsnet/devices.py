@@ -48,11 +48,11 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
-def tune_backends(device: torch.device) -> None:
+def tune_backends(device: torch.device, reuse_freed_memory: bool = True) -> None:
     """Process-wide speed settings for a training or benchmark run on ``device``:
     heap reuse for CPU tensors (``keep_freed_memory``), cuDNN autotuning for the
     fixed-size convolutions and TF32 matmuls on GPUs."""
-    if device.type == "cpu":
+    if device.type == "cpu" and reuse_freed_memory:
         keep_freed_memory()
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True

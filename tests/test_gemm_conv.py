@@ -22,6 +22,8 @@ def _reference_and_gemm(in_channels, out_channels, kernel, stride, size, batch=3
     (5, 7, 3, 1, (8, 8)),       # stride 1
     (4, 6, 5, 3, (17, 14)),     # non-square input, stride 3, ragged edge
     (3, 8, 9, 2, (9, 9)),       # a 1x1 output grid
+    (1, 16, 9, 1, (28, 28)),    # Conv1's shape: narrow rows, the whole kernel in one chunk
+    (20, 6, 5, 2, (13, 13)),    # 100-wide rows: chunks of 3 rows and a last one of 2
 ])
 def test_outputs_and_gradients_equal_conv2d(in_channels, out_channels, kernel, stride, size):
     conv, x = _reference_and_gemm(in_channels, out_channels, kernel, stride, size)

@@ -1,8 +1,9 @@
 """Reusable capsule layers, bottom-up: squash -> PrimaryCaps -> routing -> DigitCaps -> Decoder."""
 from capsnet.layers.decoder import Decoder
 from capsnet.layers.digit_caps import DigitCaps
+from capsnet.layers.gemm_conv import GemmConv2d
 from capsnet.layers.primary_caps import PrimaryCaps
 from capsnet.layers.routing import dynamic_routing
 from capsnet.layers.squash import squash
 
-__all__ = ["Decoder", "DigitCaps", "PrimaryCaps", "dynamic_routing", "squash"]
+__all__ = ["Decoder", "DigitCaps", "GemmConv2d", "PrimaryCaps", "dynamic_routing", "squash"]

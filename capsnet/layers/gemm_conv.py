@@ -12,8 +12,11 @@ input gradient) that run at close to the matmul rate:
     dx[rows r + stride*i] += (dout @ W_r^T) scattered back column by column
 
 The copy is one kernel row of the im2col matrix (Kw*C wide instead of Kh*Kw*C), so the
-extra memory is 1/Kh of a full im2col. The results equal ``F.conv2d`` to float rounding
-(tests/test_gemm_conv.py checks outputs and all gradients in float64).
+extra memory is 1/Kh of a full im2col. Narrow rows are grouped into wider chunks: Conv1's
+one-channel 9x9 kernel is unrolled whole (an 81-wide im2col), and its output comes out
+channels-last, the layout PrimaryCaps' patches are cut from. The results equal
+``F.conv2d`` to float rounding (tests/test_gemm_conv.py checks outputs and all gradients
+in float64).
 """
 from __future__ import annotations
 
@@ -22,15 +25,28 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 
-def _kernel_row_patches(x_cl: torch.Tensor, row: int, kernel: tuple[int, int],
-                        stride: tuple[int, int], grid: tuple[int, int]) -> torch.Tensor:
-    """View (B, Gh, Gw, Kw, C) of ``x_cl`` (B, H, W, C): kernel row ``row`` of each
-    receptive field. No copy; each (Kw, C) block is contiguous in memory."""
+# A chunk of kernel rows is at least this many columns wide: one row of PrimaryCaps' kernel
+# (9 x 256 = 2304) is a chunk of its own, Conv1's 1-channel rows (9 wide) are all unrolled.
+MIN_CHUNK_WIDTH = 256
+
+
+def _row_chunks(kernel_rows: int, row_width: int) -> list[tuple[int, int]]:
+    """[first, end) kernel-row ranges, each at least MIN_CHUNK_WIDTH columns wide (or all)."""
+    per_chunk = max(1, -(-MIN_CHUNK_WIDTH // row_width))
+    return [(r, min(r + per_chunk, kernel_rows)) for r in range(0, kernel_rows, per_chunk)]
+
+
+def _patches(x_cl: torch.Tensor, rows: tuple[int, int], kernel: tuple[int, int],
+             stride: tuple[int, int], grid: tuple[int, int]) -> torch.Tensor:
+    """Kernel rows [first, end) of every receptive field of ``x_cl`` (B, H, W, C), as a
+    (B*Gh*Gw, rows*Kw*C) matrix (a copy: one chunk of the im2col matrix)."""
     B, _, _, C = x_cl.shape
     sb, sh, sw, sc = x_cl.stride()
-    return x_cl.as_strided((B, grid[0], grid[1], kernel[1], C),
-                           (sb, stride[0] * sh, stride[1] * sw, sw, sc),
-                           x_cl.storage_offset() + row * sh)
+    first, end = rows
+    view = x_cl.as_strided((B, grid[0], grid[1], end - first, kernel[1], C),
+                           (sb, stride[0] * sh, stride[1] * sw, sh, sw, sc),
+                           x_cl.storage_offset() + first * sh)  # (B, Gh, Gw, rows, Kw, C)
+    return view.reshape(B * grid[0] * grid[1], (end - first) * kernel[1] * C)
 
 
 class _RowGemmConv2d(torch.autograd.Function):
@@ -41,16 +57,16 @@ class _RowGemmConv2d(torch.autograd.Function):
         B, C, H, W = x.shape
         O, _, Kh, Kw = weight.shape
         grid = ((H - Kh) // stride[0] + 1, (W - Kw) // stride[1] + 1)
-        rows = B * grid[0] * grid[1]
-        x_cl = x.permute(0, 2, 3, 1).contiguous()  # (B, H, W, C)
-        w_rows = weight.permute(2, 3, 1, 0).reshape(Kh, Kw * C, O)  # (Kh, Kw*C, O)
+        positions = B * grid[0] * grid[1]
+        x_cl = x.permute(0, 2, 3, 1).contiguous()  # (B, H, W, C); free if x is channels-last
+        w_cols = weight.permute(2, 3, 1, 0).reshape(Kh * Kw * C, O)  # (Kh*Kw*C, O)
         if bias is None:
-            out = x.new_zeros(rows, O)  # (B*Gh*Gw, O)
+            out = x.new_zeros(positions, O)  # (B*Gh*Gw, O)
         else:
-            out = bias.expand(rows, O).contiguous()  # (B*Gh*Gw, O)
-        for row in range(Kh):
-            patches = _kernel_row_patches(x_cl, row, (Kh, Kw), stride, grid)
-            out.addmm_(patches.reshape(rows, Kw * C), w_rows[row])  # (B*Gh*Gw, O)
+            out = bias.expand(positions, O).contiguous()  # (B*Gh*Gw, O)
+        for first, end in _row_chunks(Kh, Kw * C):
+            patches = _patches(x_cl, (first, end), (Kh, Kw), stride, grid)  # (B*Gh*Gw, n*Kw*C)
+            out.addmm_(patches, w_cols[first * Kw * C:end * Kw * C])  # (B*Gh*Gw, O)
         ctx.save_for_backward(x_cl, weight)
         ctx.stride, ctx.grid, ctx.has_bias = stride, grid, bias is not None
         return out.view(B, grid[0], grid[1], O).permute(0, 3, 1, 2)  # (B, O, Gh, Gw)
@@ -62,24 +78,27 @@ class _RowGemmConv2d(torch.autograd.Function):
         stride, grid = ctx.stride, ctx.grid
         B, H, W, C = x_cl.shape
         O, _, Kh, Kw = weight.shape
-        rows = B * grid[0] * grid[1]
+        positions = B * grid[0] * grid[1]
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        grad = grad_out.permute(0, 2, 3, 1).reshape(rows, O)  # (B*Gh*Gw, O)
+        grad = grad_out.permute(0, 2, 3, 1).reshape(positions, O)  # (B*Gh*Gw, O)
         grad_x_cl = torch.zeros_like(x_cl) if need_x else None  # (B, H, W, C)
-        grad_w_rows = x_cl.new_empty(Kh, Kw * C, O) if need_w else None  # (Kh, Kw*C, O)
-        w_rows_t = weight.permute(2, 0, 3, 1).reshape(Kh, O, Kw * C)  # (Kh, O, Kw*C)
+        grad_w_cols = x_cl.new_empty(Kh * Kw * C, O) if need_w else None  # (Kh*Kw*C, O)
+        w_t = weight.permute(0, 2, 3, 1).reshape(O, Kh * Kw * C)  # (O, Kh*Kw*C)
         last_row, last_col = stride[0] * (grid[0] - 1) + 1, stride[1] * (grid[1] - 1) + 1
-        for row in range(Kh):
+        for first, end in _row_chunks(Kh, Kw * C):
+            cols = slice(first * Kw * C, end * Kw * C)
             if need_w:
-                patches = _kernel_row_patches(x_cl, row, (Kh, Kw), stride, grid)
-                torch.mm(patches.reshape(rows, Kw * C).t(), grad, out=grad_w_rows[row])
-            if need_x:
-                grad_patches = (grad @ w_rows_t[row]).view(B, grid[0], grid[1], Kw, C)
+                patches = _patches(x_cl, (first, end), (Kh, Kw), stride, grid)
+                torch.mm(patches.t(), grad, out=grad_w_cols[cols])  # (n*Kw*C, O)
+            if not need_x:
+                continue
+            grad_patches = (grad @ w_t[:, cols]).view(B, grid[0], grid[1], end - first, Kw, C)
+            for row in range(first, end):
                 target = grad_x_cl[:, row:row + last_row:stride[0]]  # (B, Gh, W, C)
-                for col in range(Kw):  # one column's positions never overlap: plain adds
-                    target[:, :, col:col + last_col:stride[1]] += grad_patches[:, :, :, col]
+                for col in range(Kw):  # one (row, col)'s positions never overlap: plain adds
+                    target[:, :, col:col + last_col:stride[1]] += grad_patches[:, :, :, row - first, col]
         grad_x = grad_x_cl.permute(0, 3, 1, 2) if need_x else None  # (B, C, H, W)
-        grad_w = grad_w_rows.view(Kh, Kw, C, O).permute(3, 2, 0, 1) if need_w else None
+        grad_w = grad_w_cols.view(Kh, Kw, C, O).permute(3, 2, 0, 1) if need_w else None
         grad_b = grad.sum(0) if (need_b and ctx.has_bias) else None
         return grad_x, grad_w, grad_b, None
 

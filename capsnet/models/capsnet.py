@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from capsnet.config import CapsNetConfig
-from capsnet.layers import Decoder, DigitCaps, PrimaryCaps
+from capsnet.layers import Decoder, DigitCaps, GemmConv2d, PrimaryCaps
 
 
 class CapsuleOutput(NamedTuple):
@@ -26,7 +26,7 @@ class CapsNet(nn.Module):
     def __init__(self, config: CapsNetConfig = CapsNetConfig()):
         super().__init__()
         cfg = self.config = config
-        self.conv1 = nn.Conv2d(cfg.in_channels, cfg.conv1_channels, kernel_size=cfg.conv1_kernel)
+        self.conv1 = GemmConv2d(cfg.in_channels, cfg.conv1_channels, kernel_size=cfg.conv1_kernel)
         self.primary_caps = PrimaryCaps(cfg.conv1_channels, cfg.primary_types, cfg.primary_dim,
                                         cfg.primary_kernel, cfg.primary_stride)
         self.digit_caps = DigitCaps(cfg.num_primary_caps, cfg.primary_dim, cfg.num_classes,
