@@ -138,7 +138,7 @@ def run_case(case: str, args) -> dict:
     x = torch.rand(args.batch_size, 1, 28, 28, device=device)
     y = torch.randint(0, 10, (args.batch_size,), device=device)
     if case.startswith("convs"):
-        return {"gflops": conv_gflops(x, device, args, plain="onednn" in case)}
+        return conv_gflops(x, device, args, plain="onednn" in case)
     model, step, infer = build(case, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
