@@ -36,17 +36,25 @@ def _row_chunks(kernel_rows: int, row_width: int) -> list[tuple[int, int]]:
     return [(r, min(r + per_chunk, kernel_rows)) for r in range(0, kernel_rows, per_chunk)]
 
 
+def _chunk_of(buffer: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
+    """A contiguous (rows, columns) matrix at the start of ``buffer``'s memory. Reusing one
+    buffer for every chunk spares a fresh allocation (and its page faults) per chunk."""
+    return buffer.view(-1)[:rows * columns].view(rows, columns)
+
+
 def _patches(x_cl: torch.Tensor, rows: tuple[int, int], kernel: tuple[int, int],
-             stride: tuple[int, int], grid: tuple[int, int]) -> torch.Tensor:
-    """Kernel rows [first, end) of every receptive field of ``x_cl`` (B, H, W, C), as a
-    (B*Gh*Gw, rows*Kw*C) matrix (a copy: one chunk of the im2col matrix)."""
+             stride: tuple[int, int], grid: tuple[int, int], buffer: torch.Tensor) -> torch.Tensor:
+    """Kernel rows [first, end) of every receptive field of ``x_cl`` (B, H, W, C), copied
+    into ``buffer`` as a (B*Gh*Gw, rows*Kw*C) matrix: one chunk of the im2col matrix."""
     B, _, _, C = x_cl.shape
     sb, sh, sw, sc = x_cl.stride()
     first, end = rows
     view = x_cl.as_strided((B, grid[0], grid[1], end - first, kernel[1], C),
                            (sb, stride[0] * sh, stride[1] * sw, sh, sw, sc),
                            x_cl.storage_offset() + first * sh)  # (B, Gh, Gw, rows, Kw, C)
-    return view.reshape(B * grid[0] * grid[1], (end - first) * kernel[1] * C)
+    patches = _chunk_of(buffer, B * grid[0] * grid[1], (end - first) * kernel[1] * C)
+    patches.view(view.shape).copy_(view)
+    return patches  # (B*Gh*Gw, rows*Kw*C)
 
 
 class _RowGemmConv2d(torch.autograd.Function):
@@ -59,14 +67,16 @@ class _RowGemmConv2d(torch.autograd.Function):
         grid = ((H - Kh) // stride[0] + 1, (W - Kw) // stride[1] + 1)
         positions = B * grid[0] * grid[1]
         x_cl = x.permute(0, 2, 3, 1).contiguous()  # (B, H, W, C); free if x is channels-last
-        w_cols = weight.permute(2, 3, 1, 0).reshape(Kh * Kw * C, O)  # (Kh*Kw*C, O)
+        w_rows = weight.permute(0, 2, 3, 1).reshape(O, Kh * Kw * C)  # free if channels-last
         if bias is None:
             out = x.new_zeros(positions, O)  # (B*Gh*Gw, O)
         else:
             out = bias.expand(positions, O).contiguous()  # (B*Gh*Gw, O)
-        for first, end in _row_chunks(Kh, Kw * C):
-            patches = _patches(x_cl, (first, end), (Kh, Kw), stride, grid)  # (B*Gh*Gw, n*Kw*C)
-            out.addmm_(patches, w_cols[first * Kw * C:end * Kw * C])  # (B*Gh*Gw, O)
+        chunks = _row_chunks(Kh, Kw * C)
+        buffer = x.new_empty(positions, (chunks[0][1] - chunks[0][0]) * Kw * C)
+        for first, end in chunks:
+            patches = _patches(x_cl, (first, end), (Kh, Kw), stride, grid, buffer)
+            out.addmm_(patches, w_rows[:, first * Kw * C:end * Kw * C].t())  # (B*Gh*Gw, O)
         ctx.save_for_backward(x_cl, weight)
         ctx.stride, ctx.grid, ctx.has_bias = stride, grid, bias is not None
         return out.view(B, grid[0], grid[1], O).permute(0, 3, 1, 2)  # (B, O, Gh, Gw)
@@ -82,23 +92,27 @@ class _RowGemmConv2d(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         grad = grad_out.permute(0, 2, 3, 1).reshape(positions, O)  # (B*Gh*Gw, O)
         grad_x_cl = torch.zeros_like(x_cl) if need_x else None  # (B, H, W, C)
-        grad_w_cols = x_cl.new_empty(Kh * Kw * C, O) if need_w else None  # (Kh*Kw*C, O)
-        w_t = weight.permute(0, 2, 3, 1).reshape(O, Kh * Kw * C)  # (O, Kh*Kw*C)
+        grad_w_rows = x_cl.new_empty(O, Kh * Kw * C) if need_w else None  # (O, Kh*Kw*C)
+        w_rows = weight.permute(0, 2, 3, 1).reshape(O, Kh * Kw * C)  # (O, Kh*Kw*C)
         last_row, last_col = stride[0] * (grid[0] - 1) + 1, stride[1] * (grid[1] - 1) + 1
-        for first, end in _row_chunks(Kh, Kw * C):
+        chunks = _row_chunks(Kh, Kw * C)
+        buffer = x_cl.new_empty(positions, (chunks[0][1] - chunks[0][0]) * Kw * C)
+        for first, end in chunks:
             cols = slice(first * Kw * C, end * Kw * C)
             if need_w:
-                patches = _patches(x_cl, (first, end), (Kh, Kw), stride, grid)
-                torch.mm(patches.t(), grad, out=grad_w_cols[cols])  # (n*Kw*C, O)
+                patches = _patches(x_cl, (first, end), (Kh, Kw), stride, grid, buffer)
+                grad_w_rows[:, cols] = grad.t() @ patches  # (O, n*Kw*C)
             if not need_x:
                 continue
-            grad_patches = (grad @ w_t[:, cols]).view(B, grid[0], grid[1], end - first, Kw, C)
+            grad_patches = _chunk_of(buffer, positions, (end - first) * Kw * C)
+            torch.mm(grad, w_rows[:, cols], out=grad_patches)  # (B*Gh*Gw, n*Kw*C)
+            grad_patches = grad_patches.view(B, grid[0], grid[1], end - first, Kw, C)
             for row in range(first, end):
                 target = grad_x_cl[:, row:row + last_row:stride[0]]  # (B, Gh, W, C)
                 for col in range(Kw):  # one (row, col)'s positions never overlap: plain adds
                     target[:, :, col:col + last_col:stride[1]] += grad_patches[:, :, :, row - first, col]
         grad_x = grad_x_cl.permute(0, 3, 1, 2) if need_x else None  # (B, C, H, W)
-        grad_w = grad_w_cols.view(Kh, Kw, C, O).permute(3, 2, 0, 1) if need_w else None
+        grad_w = grad_w_rows.view(O, Kh, Kw, C).permute(0, 3, 1, 2) if need_w else None
         grad_b = grad.sum(0) if (need_b and ctx.has_bias) else None
         return grad_x, grad_w, grad_b, None
 
@@ -114,6 +128,10 @@ class GemmConv2d(nn.Conv2d):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1):
         super().__init__(in_channels, out_channels, kernel_size, stride=stride)
+        # The matrix products read the weights as rows (O, Kh*Kw*C): keep them in that memory
+        # layout (channels-last), so neither they nor their gradients are ever transposed.
+        # Shape, values and state_dict stay nn.Conv2d's.
+        self.weight = nn.Parameter(self.weight.detach().contiguous(memory_format=torch.channels_last))
 
     def _row_gemm_applies(self, x: torch.Tensor) -> bool:
         return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
