@@ -71,3 +71,18 @@ def test_primary_caps_output_channel_view_still_works():
     u = layer(x)
     assert u.shape == (2, 4 * 6 * 6, 8)
     assert torch.isfinite(u).all()
+
+
+@pytest.mark.parametrize("in_channels", [1, 3])
+def test_weight_gradient_has_the_parameters_strides(in_channels):
+    """DDP's gradient buckets expect .grad with the parameter's exact strides (with one
+    input channel, channels-last and contiguous strides differ in that dimension only)."""
+    conv = GemmConv2d(in_channels, 4, 3, 1)
+    conv(torch.randn(2, in_channels, 6, 6)).sum().backward()
+    assert conv.weight.grad.stride() == conv.weight.stride()
+    x = torch.randn(2, in_channels, 6, 6)  # and the same values as F.conv2d's gradient
+    w = conv.weight.detach().clone().requires_grad_()
+    F.conv2d(x, w, conv.bias).sum().backward()
+    conv.weight.grad = None
+    conv(x).sum().backward()
+    torch.testing.assert_close(conv.weight.grad, w.grad)

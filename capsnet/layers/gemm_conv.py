@@ -57,6 +57,17 @@ def _patches(x_cl: torch.Tensor, rows: tuple[int, int], kernel: tuple[int, int],
     return patches  # (B*Gh*Gw, rows*Kw*C)
 
 
+def _in_layout_of(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``grad`` (channels-last) with exactly ``param``'s strides, as DDP's gradient buckets
+    expect: the same memory when ``param`` is channels-last (strides of size-1 dimensions,
+    e.g. Conv1's one input channel, may differ), else a contiguous copy."""
+    if grad.stride() == param.stride():
+        return grad
+    if param.is_contiguous(memory_format=torch.channels_last):
+        return grad.as_strided(param.shape, param.stride())
+    return grad.contiguous()
+
+
 class _RowGemmConv2d(torch.autograd.Function):
     """conv2d(x, weight, bias, stride) with no padding, dilation 1 and one group."""
 
@@ -112,7 +123,9 @@ class _RowGemmConv2d(torch.autograd.Function):
                 for col in range(Kw):  # one (row, col)'s positions never overlap: plain adds
                     target[:, :, col:col + last_col:stride[1]] += grad_patches[:, :, :, row - first, col]
         grad_x = grad_x_cl.permute(0, 3, 1, 2) if need_x else None  # (B, C, H, W)
-        grad_w = grad_w_rows.view(O, Kh, Kw, C).permute(0, 3, 1, 2) if need_w else None
+        grad_w = None
+        if need_w:
+            grad_w = _in_layout_of(grad_w_rows.view(O, Kh, Kw, C).permute(0, 3, 1, 2), weight)
         grad_b = grad.sum(0) if (need_b and ctx.has_bias) else None
         return grad_x, grad_w, grad_b, None
 

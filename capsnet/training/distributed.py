@@ -97,9 +97,14 @@ def setup(requested_device: str = "auto") -> World:
     return World(rank, size, local_rank, device, owns_group=True)
 
 
-def teardown(world: World) -> None:
-    """Leave the process group if :func:`setup` created it."""
+def teardown(world: World, wait_for_all: bool = False) -> None:
+    """Leave the process group if :func:`setup` created it. ``wait_for_all`` (after a run
+    that finished on every rank): meet at a barrier first, so that no rank tears down gloo's
+    connections while another still uses them; without it a rank sometimes aborted at exit
+    with "terminate called without an active exception"."""
     if world.owns_group and dist.is_initialized():
+        if wait_for_all:
+            dist.barrier()
         dist.destroy_process_group()
 
 

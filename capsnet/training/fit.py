@@ -96,10 +96,13 @@ def fit(settings: TrainSettings, resume: Optional[str] = None, argv: Optional[li
     of ``batch_size / world``; only rank 0 logs and writes files, and every rank returns
     rank 0's results."""
     world = distributed.setup(settings.device)
+    finished = False
     try:
-        return _fit(settings, resume, argv, log if world.is_main else _quiet, world)
+        results = _fit(settings, resume, argv, log if world.is_main else _quiet, world)
+        finished = True
+        return results
     finally:
-        distributed.teardown(world)
+        distributed.teardown(world, wait_for_all=finished)
 
 
 def _quiet(_: str) -> None:
