@@ -34,16 +34,7 @@ def synchronize(device: torch.device) -> None:
 
 
 def median_seconds(fn, device, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return interleaved_medians([fn], device, warmup, repeats)[0]
 
 
 def conv_flops(cfg: CapsNetConfig, batch: int) -> dict:
