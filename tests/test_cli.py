@@ -126,6 +126,22 @@ def test_resume_continues_in_the_resumed_run_directory(tiny_mnist_dir, tmp_path,
     assert not (tmp_path / "b" / "runs").exists()
 
 
+def test_resume_may_anneal_at_a_new_rate(tiny_mnist_dir, tmp_path):
+    """--lr-decay given with --resume applies from the next epoch on; the other saved settings
+    (here the batch size) stay the run's own, and a later plain resume keeps the new decay."""
+    run_dir = tmp_path / "run"
+    assert main(train_command(tiny_mnist_dir, run_dir, "--epochs", "2", "--subset", "100")) == 0
+    assert main(["train", "--resume", str(run_dir), "--epochs", "4", "--lr-decay", "0.5",
+                 "--batch-size", "10", "--no-progress"]) == 0
+    assert main(["train", "--resume", str(run_dir), "--epochs", "5", "--no-progress"]) == 0
+    lrs = [float(r["lr"]) for r in read_metrics(run_dir)]
+    assert lrs == pytest.approx([1e-3, 0.96e-3, 0.96 ** 2 * 1e-3, 0.96 ** 2 * 0.5e-3,
+                                 0.96 ** 2 * 0.25e-3])
+    settings = load_checkpoint(run_dir / "last.pt")["train_settings"]
+    assert settings["lr_decay"] == 0.5 and settings["batch_size"] == BATCH
+    assert json.loads((run_dir / "config.json").read_text())["settings"]["lr_decay"] == 0.5
+
+
 def test_evaluate_json(full_run, tiny_mnist_dir, capsys):
     capsys.readouterr()
     code = main(["evaluate", str(full_run / "best.pt"), "--no-download",

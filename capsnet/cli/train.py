@@ -21,7 +21,8 @@ def add_parser(subparsers) -> None:
                    help=f"run directory (default: {DEFAULTS.out_dir}; with --resume: the "
                    "directory of the resumed checkpoint)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",
-                   help="continue a stopped run (its settings are reused; --epochs may extend it)")
+                   help="continue a stopped run (its settings are reused; --epochs may extend it "
+                   "and --lr-decay may change the decay from the next epoch on)")
     p.set_defaults(func=run)
 
 
@@ -67,23 +68,36 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     settings = settings_from_args(args)
     if args.resume:
-        settings = _settings_for_resume(args, settings)
+        settings = _settings_for_resume(args, settings, _given_flags(argv))
     elif args.out_dir is None:
         settings.out_dir = DEFAULTS.out_dir
     fit(settings, resume=args.resume, argv=argv)
     return 0
 
 
-def _settings_for_resume(args: argparse.Namespace, given: TrainSettings) -> TrainSettings:
-    """The stopped run's own settings, with only epochs, device and progress taken from this
-    command line. The run goes on in --out-dir if given, else in the resumed checkpoint's
-    directory (the saved out_dir may be relative to another working directory)."""
+RESUME_OVERRIDES = ("epochs", "device", "progress")  # always taken from the resuming command
+RESUME_OPTIONAL_OVERRIDES = ("lr_decay",)  # taken from it only when given there
+
+
+def _given_flags(argv) -> set[str]:
+    """Option names written on the command line, as settings fields ('--lr-decay' -> 'lr_decay')."""
+    return {a[2:].split("=", 1)[0].replace("-", "_") for a in (argv or []) if a.startswith("--")}
+
+
+def _settings_for_resume(args: argparse.Namespace, given: TrainSettings,
+                         given_flags: set[str] = frozenset()) -> TrainSettings:
+    """The stopped run's own settings, with epochs, device and progress taken from this
+    command line, and the learning-rate decay too when it is given there (a run may be
+    annealed faster from the next epoch on). The run goes on in --out-dir if given, else in
+    the resumed checkpoint's directory (the saved out_dir may be relative to another working
+    directory)."""
     from capsnet.training.checkpoint import load_checkpoint
     from capsnet.training.fit import resolve_resume
 
     checkpoint = resolve_resume(args.resume)
     saved = load_checkpoint(checkpoint).get("train_settings")
     settings = given if saved is None else TrainSettings.from_dict(saved)
-    settings.epochs, settings.device, settings.progress = given.epochs, given.device, given.progress
+    for name in RESUME_OVERRIDES + tuple(f for f in RESUME_OPTIONAL_OVERRIDES if f in given_flags):
+        setattr(settings, name, getattr(given, name))
     settings.out_dir = args.out_dir or str(checkpoint.parent)
     return settings

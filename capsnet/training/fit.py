@@ -125,6 +125,7 @@ def _fit(settings: TrainSettings, resume: Optional[str], argv: Optional[list[str
     state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None}
     if resume is not None:
         state = _restore(resolve_resume(resume), model, optimizer, scheduler, device)
+        scheduler.gamma = settings.lr_decay  # a resumed run may anneal at a new rate from here
         log(f"resuming {resume} after epoch {state['epoch']}")
     if world.is_main:
         _describe_run(run_dir, settings, model, argv)
