@@ -9,6 +9,8 @@ from capsnet.training.fit import PRECISIONS, fit
 from capsnet.training.settings import TrainSettings
 
 DEFAULTS = TrainSettings()
+RESUME_OVERRIDES = ("epochs", "device", "progress")  # always taken from the resuming command
+RESUME_OPTIONAL_OVERRIDES = ("lr_decay",)  # taken from it only when given there
 
 
 def add_parser(subparsers) -> None:
@@ -23,7 +25,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",
                    help="continue a stopped run (its settings are reused; --epochs may extend it "
                    "and --lr-decay may change the decay from the next epoch on)")
-    p.set_defaults(func=run)
+    # None = not given: a resumed run then keeps its own decay (a fresh run gets the default)
+    p.set_defaults(func=run, **{name: None for name in RESUME_OPTIONAL_OVERRIDES})
 
 
 def add_recipe_args(p, models=("capsnet", "cnn")) -> None:
@@ -61,31 +64,23 @@ def add_train_args(p) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> TrainSettings:
+    """The settings given on the command line; an option left at None takes the dataclass
+    default (None there too, except for the resume overrides left unset)."""
     return TrainSettings(**{k: v for k, v in vars(args).items()
-                            if k in TrainSettings.__dataclass_fields__})
+                            if k in TrainSettings.__dataclass_fields__ and v is not None})
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     settings = settings_from_args(args)
     if args.resume:
-        settings = _settings_for_resume(args, settings, _given_flags(argv))
+        settings = _settings_for_resume(args, settings)
     elif args.out_dir is None:
         settings.out_dir = DEFAULTS.out_dir
     fit(settings, resume=args.resume, argv=argv)
     return 0
 
 
-RESUME_OVERRIDES = ("epochs", "device", "progress")  # always taken from the resuming command
-RESUME_OPTIONAL_OVERRIDES = ("lr_decay",)  # taken from it only when given there
-
-
-def _given_flags(argv) -> set[str]:
-    """Option names written on the command line, as settings fields ('--lr-decay' -> 'lr_decay')."""
-    return {a[2:].split("=", 1)[0].replace("-", "_") for a in (argv or []) if a.startswith("--")}
-
-
-def _settings_for_resume(args: argparse.Namespace, given: TrainSettings,
-                         given_flags: set[str] = frozenset()) -> TrainSettings:
+def _settings_for_resume(args: argparse.Namespace, given: TrainSettings) -> TrainSettings:
     """The stopped run's own settings, with epochs, device and progress taken from this
     command line, and the learning-rate decay too when it is given there (a run may be
     annealed faster from the next epoch on). The run goes on in --out-dir if given, else in
@@ -97,7 +92,9 @@ def _settings_for_resume(args: argparse.Namespace, given: TrainSettings,
     checkpoint = resolve_resume(args.resume)
     saved = load_checkpoint(checkpoint).get("train_settings")
     settings = given if saved is None else TrainSettings.from_dict(saved)
-    for name in RESUME_OVERRIDES + tuple(f for f in RESUME_OPTIONAL_OVERRIDES if f in given_flags):
+    given_optional = tuple(name for name in RESUME_OPTIONAL_OVERRIDES
+                           if getattr(args, name) is not None)
+    for name in RESUME_OVERRIDES + given_optional:
         setattr(settings, name, getattr(given, name))
     settings.out_dir = args.out_dir or str(checkpoint.parent)
     return settings
