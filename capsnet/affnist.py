@@ -19,9 +19,10 @@ from capsnet.experiment import describe_run, run_epochs, write_results
 from capsnet.models import count_parameters
 from capsnet.robustness import NamedModel
 from capsnet.training.checkpoint import model_from_checkpoint
-from capsnet.training.fit import PRECISIONS, build_for, prepare_data
+from capsnet.training.fit import build_for, prepare_data
 from capsnet.training.loop import StepOptions, evaluate, train_one_epoch
 from capsnet.training.settings import TrainSettings
+from capsnet.tuning import apply_plan, choose_plan
 from capsnet.transforms import AffineRanges, affine_set, place_on_canvas
 
 CANVAS = 40  # affNIST's image size
@@ -98,8 +99,11 @@ def train_affnist(settings: TrainSettings, canvas: int = CANVAS,
     saved = {**settings.to_dict(), "protocol": "affnist", "canvas": canvas,
              "target_accuracy": target_accuracy, "test_limit": test_limit}
     describe_run(run_dir, saved, model, argv)
-    options = StepOptions(settings.batch_size, 0, settings.reconstruction_weight,
-                          PRECISIONS[settings.precision])
+    plan = choose_plan(model, device, settings.batch_size, precision=settings.precision,
+                       conv_impl=settings.conv_impl)
+    apply_plan(model, plan)
+    log(f"speed: {plan.describe()}")
+    options = StepOptions(settings.batch_size, 0, settings.reconstruction_weight)
     log(f"affNIST protocol: {settings.model} on {len(images)} MNIST digits at random places on "
         f"a {canvas}x{canvas} canvas, {len(val_labels)} validation digits; device {device}")
 

@@ -139,11 +139,15 @@ def _torchrun(nproc: int, capsnet_args: list[str]) -> subprocess.CompletedProces
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+FIXED_KERNELS = {"precision": "fp32", "conv_impl": "gemm"}
+
+
 def _settings(data_dir: Path, out_dir: Path, epochs: int) -> TrainSettings:
-    # max_shift 0: the data path is deterministic, so one and two processes see the same batches.
+    # max_shift 0: the data path is deterministic, so one and two processes see the same batches;
+    # float32 and one convolution path: the same kernels at either per-rank batch size.
     return TrainSettings(preset="small", data_dir=str(data_dir), download=False, epochs=epochs,
                          val_size=100, subset=SUBSET, batch_size=128, max_shift=0, device="cpu",
-                         out_dir=str(out_dir), progress=False)
+                         out_dir=str(out_dir), progress=False, **FIXED_KERNELS)
 
 
 def _state(path: Path) -> dict:
@@ -179,6 +183,8 @@ def runs(tmp_path_factory, tiny_mnist_dir):
                              "--no-download", "--epochs", "1", "--val-size", "100",
                              "--subset", str(SUBSET),
                              "--batch-size", "128", "--max-shift", "0", "--device", "cpu",
+                             "--precision", FIXED_KERNELS["precision"],
+                             "--conv-impl", FIXED_KERNELS["conv_impl"],
                              "--out-dir", str(two), "--no-progress"])
     assert launched.returncode == 0, f"{launched.stdout}\n{launched.stderr}"
     return {"root": root, "one": one, "one_epoch1": one_epoch1, "two": two,
@@ -211,7 +217,8 @@ def test_only_rank_zero_logs_and_writes(runs):
 def test_two_process_checkpoint_evaluates_in_one_process(runs, capsys):
     capsys.readouterr()
     code = main(["evaluate", str(runs["two"] / "best.pt"), "--data-dir", str(runs["tiny"]),
-                 "--no-download", "--device", "cpu", "--json"])
+                 "--no-download", "--device", "cpu", "--json",
+                 "--precision", FIXED_KERNELS["precision"]])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     results = json.loads((runs["two"] / "results.json").read_text())

@@ -1,34 +1,40 @@
-"""The per-kernel-row GEMM convolution equals F.conv2d: outputs and every gradient."""
+"""Every path of GemmConv2d (per-kernel-row GEMMs, oneDNN NCHW, oneDNN channels-last) equals
+F.conv2d: outputs and every gradient, in float64 and under bf16 autocast."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from capsnet.layers.gemm_conv import GemmConv2d
+from capsnet.layers.gemm_conv import CONV_IMPLS, GemmConv2d
 
 
-def _reference_and_gemm(in_channels, out_channels, kernel, stride, size, batch=3, bias=True):
+def _reference_and_gemm(in_channels, out_channels, kernel, stride, size, batch=3, bias=True,
+                        impl="gemm", padding=0):
     torch.manual_seed(0)
-    conv = GemmConv2d(in_channels, out_channels, kernel, stride).double()
+    conv = GemmConv2d(in_channels, out_channels, kernel, stride, padding, impl=impl).double()
     if not bias:
         conv.bias = None
     x = torch.randn(batch, in_channels, *size, dtype=torch.float64, requires_grad=True)
     return conv, x
 
 
-@pytest.mark.parametrize("in_channels,out_channels,kernel,stride,size", [
-    (16, 24, 9, 2, (20, 20)),   # PrimaryCaps' shape, narrow
-    (5, 7, 3, 1, (8, 8)),       # stride 1
-    (4, 6, 5, 3, (17, 14)),     # non-square input, stride 3, ragged edge
-    (3, 8, 9, 2, (9, 9)),       # a 1x1 output grid
-    (1, 16, 9, 1, (28, 28)),    # Conv1's shape: narrow rows, the whole kernel in one chunk
-    (20, 6, 5, 2, (13, 13)),    # 100-wide rows: chunks of 3 rows and a last one of 2
+@pytest.mark.parametrize("impl", CONV_IMPLS)
+@pytest.mark.parametrize("in_channels,out_channels,kernel,stride,size,padding", [
+    (16, 24, 9, 2, (20, 20), 0),   # PrimaryCaps' shape, narrow
+    (5, 7, 3, 1, (8, 8), 0),       # stride 1
+    (4, 6, 5, 3, (17, 14), 0),     # non-square input, stride 3, ragged edge
+    (3, 8, 9, 2, (9, 9), 0),       # a 1x1 output grid
+    (1, 16, 9, 1, (28, 28), 0),    # Conv1's shape: narrow rows, the whole kernel in one chunk
+    (20, 6, 5, 2, (13, 13), 0),    # 100-wide rows: chunks of 3 rows and a last one of 2
+    (6, 5, 5, 1, (7, 9), 2),       # the CNN baseline's 'same' padding
 ])
-def test_outputs_and_gradients_equal_conv2d(in_channels, out_channels, kernel, stride, size):
-    conv, x = _reference_and_gemm(in_channels, out_channels, kernel, stride, size)
+def test_outputs_and_gradients_equal_conv2d(in_channels, out_channels, kernel, stride, size,
+                                            padding, impl):
+    conv, x = _reference_and_gemm(in_channels, out_channels, kernel, stride, size, impl=impl,
+                                  padding=padding)
     out = conv(x)
-    expected = F.conv2d(x, conv.weight, conv.bias, stride=stride)
+    expected = F.conv2d(x, conv.weight, conv.bias, stride=stride, padding=padding)
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
 
     upstream = torch.randn_like(out)
@@ -56,8 +62,11 @@ def test_same_state_dict_as_conv2d_and_fallback_paths():
     plain.load_state_dict(conv.state_dict())
     x = torch.randn(2, 4, 9, 9)
     torch.testing.assert_close(conv(x), plain(x))
-    with torch.autocast("cpu", torch.bfloat16):  # falls back to nn.Conv2d under autocast
-        assert conv(x).dtype == torch.bfloat16
+    with torch.autocast("cpu", torch.bfloat16):  # bf16 out, as autocast's nn.Conv2d gives
+        assert conv(x).dtype == plain(x).dtype == torch.bfloat16
+    assert conv.candidates("cpu") == CONV_IMPLS and "gemm" not in conv.candidates("cuda")
+    with pytest.raises(ValueError, match="not available"):
+        conv.set_impl("winograd")
     with pytest.raises(RuntimeError):  # input smaller than the kernel: nn.Conv2d's error
         conv(torch.randn(2, 4, 2, 2))
 
@@ -86,3 +95,41 @@ def test_weight_gradient_has_the_parameters_strides(in_channels):
     conv.weight.grad = None
     conv(x).sum().backward()
     torch.testing.assert_close(conv.weight.grad, w.grad)
+
+
+@pytest.mark.parametrize("impl", CONV_IMPLS)
+@pytest.mark.parametrize("shape", [(16, 24, 9, 2, (20, 20)), (1, 16, 9, 1, (28, 28))])
+def test_bf16_autocast_paths_agree_with_float64(impl, shape):
+    """Under bf16 autocast every path gives bf16 outputs and float32 parameter gradients
+    close to the float64 convolution (bf16 keeps 8 significant bits)."""
+    in_channels, out_channels, kernel, stride, size = shape
+    conv, x = _reference_and_gemm(in_channels, out_channels, kernel, stride, size, impl=impl)
+    conv = conv.float()
+    x32 = x.detach().float().requires_grad_()
+    with torch.autocast("cpu", torch.bfloat16):
+        out = conv(x32)
+    assert out.dtype == torch.bfloat16
+    w64, b64 = conv.weight.detach().double(), conv.bias.detach().double()
+    x64 = x.detach().clone().requires_grad_()
+    w64.requires_grad_(), b64.requires_grad_()
+    expected = F.conv2d(x64, w64, b64, stride=stride)
+    scale = expected.abs().max()
+    assert (out.double() - expected).abs().max() < 2e-2 * scale
+    upstream = torch.randn_like(expected)
+    out.backward(upstream.to(out.dtype))
+    want = torch.autograd.grad(expected, (x64, w64, b64), upstream)
+    got = (x32.grad, conv.weight.grad, conv.bias.grad)
+    assert conv.weight.grad.dtype == torch.float32
+    for g, w in zip(got, want):
+        assert (g.double() - w).abs().max() < 3e-2 * w.abs().max()
+
+
+def test_impl_sets_the_weight_layout_and_keeps_values():
+    conv = GemmConv2d(8, 4, 3)
+    assert conv.impl == "gemm" and conv.weight.is_contiguous(memory_format=torch.channels_last)
+    before = conv.weight.detach().clone()
+    conv.set_impl("native")
+    assert conv.weight.is_contiguous() and torch.equal(conv.weight, before)
+    conv.set_impl("channels_last")
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(conv.weight, before)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 
 from capsnet.data.idx import IDXError
+from capsnet.layers.gemm_conv import CONV_IMPLS
+from capsnet.models.precision import PRECISIONS
 from capsnet.data.sources import DATASETS, DataNotFoundError
 from capsnet.training.checkpoint import CheckpointError
 from capsnet.training.loop import NonFiniteLossError
@@ -26,3 +28,15 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
 def add_device_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto",
                         help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
+
+
+def add_speed_args(parser: argparse.ArgumentParser) -> None:
+    """--precision and --conv-impl: measured on this machine unless forced."""
+    parser.add_argument("--precision", default="auto", choices=["auto", *PRECISIONS],
+                        help="auto: bf16 autocast where the device computes bf16 natively and "
+                             "measurably faster, else fp32 (routing, squash and losses stay "
+                             "float32)")
+    parser.add_argument("--conv-impl", default="auto", choices=["auto", *CONV_IMPLS],
+                        help="convolution path: auto (the fastest measured on this machine, "
+                             "cached), gemm (per-kernel-row matrix products, CPU), native "
+                             "(oneDNN/cuDNN, NCHW) or channels_last")

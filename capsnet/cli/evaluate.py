@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from capsnet.cli.common import add_data_args, add_device_arg
+from capsnet.cli.common import add_data_args, add_device_arg, add_speed_args
+from capsnet.cli.model_args import for_inference
 from capsnet.data.datasets import load_split
 from capsnet.devices import pick_device
 from capsnet.pretrained import DEFAULT_WEIGHTS, load_model
@@ -18,6 +19,7 @@ def add_parser(subparsers) -> None:
                         "file (default: the trained CapsNet shipped with capsnet)")
     add_data_args(p)
     add_device_arg(p)
+    add_speed_args(p)
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=run)
@@ -25,7 +27,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     device = pick_device(args.device)
-    model = load_model(args.checkpoint, device)
+    model = for_inference(load_model(args.checkpoint, device), args)
     test = load_split(args.dataset, "test", args.data_dir, args.download).to(device)
     result = evaluate(model, test.images, test.labels, batch_size=args.batch_size)
     report = {"checkpoint": str(args.checkpoint or DEFAULT_WEIGHTS), "dataset": args.dataset,

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from capsnet.cli.common import add_device_arg
+from capsnet.cli.common import add_device_arg, add_speed_args
 from capsnet.cli.train import DEFAULTS, add_recipe_args
 from capsnet.models import model_name_of
 from capsnet.pretrained import load_model
 from capsnet.robustness import NamedModel
-from capsnet.training.fit import PRECISIONS
 from capsnet.training.settings import TrainSettings
 
 
@@ -33,7 +32,7 @@ def add_training_args(p: argparse.ArgumentParser, out_dir: str, models=("capsnet
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     add_device_arg(p)
     if precision:
-        p.add_argument("--precision", default=DEFAULTS.precision, choices=sorted(PRECISIONS))
+        add_speed_args(p)
     p.add_argument("--out-dir", default=out_dir, help=f"run directory (default {out_dir})")
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from capsnet.cli.common import add_data_args, add_device_arg
+from capsnet.cli.common import add_data_args, add_device_arg, add_speed_args
 from capsnet.config import PRESETS
-from capsnet.training.fit import PRECISIONS, fit
+from capsnet.training.fit import fit
 from capsnet.training.settings import TrainSettings
 
 DEFAULTS = TrainSettings()
@@ -56,7 +56,7 @@ def add_train_args(p) -> None:
     p.add_argument("--val-size", type=int, default=DEFAULTS.val_size,
                    help="validation images held out of the training set (0: train on all)")
     add_device_arg(p)
-    p.add_argument("--precision", default=DEFAULTS.precision, choices=sorted(PRECISIONS))
+    add_speed_args(p)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--monitor-test", action="store_true",
                    help="also report test accuracy after every epoch (monitoring only)")

@@ -4,6 +4,6 @@ from capsnet.layers.digit_caps import DigitCaps
 from capsnet.layers.gemm_conv import GemmConv2d
 from capsnet.layers.primary_caps import PrimaryCaps
 from capsnet.layers.routing import dynamic_routing
-from capsnet.layers.squash import squash
+from capsnet.layers.squash import full_precision, squash
 
-__all__ = ["Decoder", "DigitCaps", "GemmConv2d", "PrimaryCaps", "dynamic_routing", "squash"]
+__all__ = ["Decoder", "DigitCaps", "GemmConv2d", "PrimaryCaps", "dynamic_routing", "full_precision", "squash"]

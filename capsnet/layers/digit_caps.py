@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from capsnet.layers.routing import dynamic_routing
+from capsnet.layers.squash import full_precision
 
 # Standard deviation of the initial transformation matrices (as in the reference code).
 W_INIT_STD = 0.01
@@ -14,6 +15,7 @@ class DigitCaps(nn.Module):
     """Input u: (B, I, in_dim). Output v: (B, J, out_dim).
 
     u_hat = W u is one einsum over named dimensions: W is never copied per example.
+    Prediction vectors and routing run in float32, also under autocast.
     """
 
     def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int,
@@ -24,8 +26,10 @@ class DigitCaps(nn.Module):
 
     def predictions(self, u: torch.Tensor) -> torch.Tensor:
         """u: (B, I, in_dim) -> u_hat: (B, J, I, out_dim), output-major for the routing."""
-        return torch.einsum("ijdk,bik->bjid", self.W, u)  # (B, 10, 1152, 16)
+        # contiguous: the routing reads it six times (a permuted view would be copied each time)
+        return torch.einsum("ijdk,bik->bjid", self.W, u).contiguous()  # (B, 10, 1152, 16)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        u_hat = self.predictions(u)  # (B, J, I, D)
-        return dynamic_routing(u_hat, self.iterations, self.full_graph)  # (B, J, D)
+        with torch.autocast(device_type=u.device.type, enabled=False):
+            u_hat = self.predictions(full_precision(u))  # (B, J, I, D)
+            return dynamic_routing(u_hat, self.iterations, self.full_graph)  # (B, J, D)

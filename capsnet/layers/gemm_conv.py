@@ -17,6 +17,11 @@ one-channel 9x9 kernel is unrolled whole (an 81-wide im2col), and its output com
 channels-last, the layout PrimaryCaps' patches are cut from. The results equal
 ``F.conv2d`` to float rounding (tests/test_gemm_conv.py checks outputs and all gradients
 in float64).
+
+Under CPU bf16 autocast the same products run in bf16 (fp32 accumulation inside each
+product; the kernel rows' partial outputs and the scattered input gradient are summed in
+fp32). Which path a layer takes, this one, oneDNN's NCHW convolution ("native") or its
+channels-last one, is the layer's ``impl``, chosen by measurement in :mod:`capsnet.tuning`.
 """
 from __future__ import annotations
 
@@ -28,6 +33,12 @@ from torch.autograd.function import once_differentiable
 # A chunk of kernel rows is at least this many columns wide: one row of PrimaryCaps' kernel
 # (9 x 256 = 2304) is a chunk of its own, Conv1's 1-channel rows (9 wide) are all unrolled.
 MIN_CHUNK_WIDTH = 256
+
+# The ways a GemmConv2d can run: the per-kernel-row matrix products of this module (CPU
+# only), PyTorch's convolution on NCHW tensors, or PyTorch's convolution on channels-last ones.
+CONV_IMPLS = ("gemm", "native", "channels_last")
+# Float types the products run in; anything narrower than float32 accumulates in float32.
+GEMM_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
 def _row_chunks(kernel_rows: int, row_width: int) -> list[tuple[int, int]]:
@@ -57,6 +68,11 @@ def _patches(x_cl: torch.Tensor, rows: tuple[int, int], kernel: tuple[int, int],
     return patches  # (B*Gh*Gw, rows*Kw*C)
 
 
+def _accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for bf16 operands (sums of many bf16 terms lose digits), else the dtype itself."""
+    return torch.float32 if dtype == torch.bfloat16 else dtype
+
+
 def _in_layout_of(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     """``grad`` (channels-last) with exactly ``param``'s strides, as DDP's gradient buckets
     expect: the same memory when ``param`` is channels-last (strides of size-1 dimensions,
@@ -79,18 +95,32 @@ class _RowGemmConv2d(torch.autograd.Function):
         positions = B * grid[0] * grid[1]
         x_cl = x.permute(0, 2, 3, 1).contiguous()  # (B, H, W, C); free if x is channels-last
         w_rows = weight.permute(0, 2, 3, 1).reshape(O, Kh * Kw * C)  # free if channels-last
+        # The result is allocated channels-last, so that it is no view (ReLU may work in
+        # place on it) and its (B*Gh*Gw, O) matrix is the same memory.
+        result = torch.empty((B, O, *grid), dtype=x.dtype, device=x.device,
+                             memory_format=torch.channels_last)  # (B, O, Gh, Gw)
+        accumulate = _accumulator_dtype(x.dtype)
+        out = result.permute(0, 2, 3, 1).view(positions, O)  # (B*Gh*Gw, O)
+        if accumulate != x.dtype:  # bf16 products, summed over the kernel rows in float32
+            out = x.new_empty(positions, O, dtype=accumulate)
         if bias is None:
-            out = x.new_zeros(positions, O)  # (B*Gh*Gw, O)
+            out.zero_()
         else:
-            out = bias.expand(positions, O).contiguous()  # (B*Gh*Gw, O)
+            out.copy_(bias.expand(positions, O))
         chunks = _row_chunks(Kh, Kw * C)
         buffer = x.new_empty(positions, (chunks[0][1] - chunks[0][0]) * Kw * C)
         for first, end in chunks:
             patches = _patches(x_cl, (first, end), (Kh, Kw), stride, grid, buffer)
-            out.addmm_(patches, w_rows[:, first * Kw * C:end * Kw * C].t())  # (B*Gh*Gw, O)
+            w_chunk = w_rows[:, first * Kw * C:end * Kw * C].t()  # (n*Kw*C, O)
+            if accumulate == x.dtype:
+                out.addmm_(patches, w_chunk)  # (B*Gh*Gw, O)
+            else:
+                out += patches @ w_chunk
+        if accumulate != x.dtype:
+            result.permute(0, 2, 3, 1).view(positions, O).copy_(out)
         ctx.save_for_backward(x_cl, weight)
         ctx.stride, ctx.grid, ctx.has_bias = stride, grid, bias is not None
-        return out.view(B, grid[0], grid[1], O).permute(0, 3, 1, 2)  # (B, O, Gh, Gw)
+        return result  # (B, O, Gh, Gw), channels-last
 
     @staticmethod
     @once_differentiable
@@ -101,13 +131,17 @@ class _RowGemmConv2d(torch.autograd.Function):
         O, _, Kh, Kw = weight.shape
         positions = B * grid[0] * grid[1]
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        grad = grad_out.permute(0, 2, 3, 1).reshape(positions, O)  # (B*Gh*Gw, O)
-        grad_x_cl = torch.zeros_like(x_cl) if need_x else None  # (B, H, W, C)
+        grad = grad_out.to(x_cl.dtype).permute(0, 2, 3, 1).reshape(positions, O)  # (B*Gh*Gw, O)
+        accumulate = _accumulator_dtype(x_cl.dtype)
+        grad_x_cl = torch.zeros_like(x_cl, dtype=accumulate) if need_x else None  # (B, H, W, C)
         grad_w_rows = x_cl.new_empty(O, Kh * Kw * C) if need_w else None  # (O, Kh*Kw*C)
         w_rows = weight.permute(0, 2, 3, 1).reshape(O, Kh * Kw * C)  # (O, Kh*Kw*C)
         last_row, last_col = stride[0] * (grid[0] - 1) + 1, stride[1] * (grid[1] - 1) + 1
         chunks = _row_chunks(Kh, Kw * C)
         buffer = x_cl.new_empty(positions, (chunks[0][1] - chunks[0][0]) * Kw * C)
+        # bf16 input gradients are summed in float32: each chunk is converted once, so that
+        # the strided adds below run on one dtype (mixed-dtype adds are twice as slow)
+        widened = buffer if accumulate == x_cl.dtype else torch.empty_like(buffer, dtype=accumulate)
         for first, end in chunks:
             cols = slice(first * Kw * C, end * Kw * C)
             if need_w:
@@ -117,42 +151,81 @@ class _RowGemmConv2d(torch.autograd.Function):
                 continue
             grad_patches = _chunk_of(buffer, positions, (end - first) * Kw * C)
             torch.mm(grad, w_rows[:, cols], out=grad_patches)  # (B*Gh*Gw, n*Kw*C)
+            if widened is not buffer:
+                grad_patches = _chunk_of(widened, positions, grad_patches.shape[1]).copy_(grad_patches)
             grad_patches = grad_patches.view(B, grid[0], grid[1], end - first, Kw, C)
             for row in range(first, end):
                 target = grad_x_cl[:, row:row + last_row:stride[0]]  # (B, Gh, W, C)
                 for col in range(Kw):  # one (row, col)'s positions never overlap: plain adds
                     target[:, :, col:col + last_col:stride[1]] += grad_patches[:, :, :, row - first, col]
-        grad_x = grad_x_cl.permute(0, 3, 1, 2) if need_x else None  # (B, C, H, W)
+        grad_x = grad_x_cl.to(x_cl.dtype).permute(0, 3, 1, 2) if need_x else None  # (B, C, H, W)
         grad_w = None
         if need_w:
             grad_w = _in_layout_of(grad_w_rows.view(O, Kh, Kw, C).permute(0, 3, 1, 2), weight)
-        grad_b = grad.sum(0) if (need_b and ctx.has_bias) else None
+        grad_b = None
+        if need_b and ctx.has_bias:
+            grad_b = grad.sum(0, dtype=accumulate).to(x_cl.dtype)  # (O,)
         return grad_x, grad_w, grad_b, None
 
 
 class GemmConv2d(nn.Conv2d):
-    """``nn.Conv2d`` without padding whose CPU float path runs as per-kernel-row matrix
-    products (see the module docstring). Same parameters and ``state_dict`` as
-    ``nn.Conv2d``; on GPUs, under autocast, torch.compile or tracing (ONNX and
-    TorchScript export) it is plain ``nn.Conv2d``.
+    """``nn.Conv2d`` whose implementation is chosen per layer (``impl``, one of CONV_IMPLS):
 
-    Input (B, C_in, H, W). Output (B, C_out, H', W') with channels-last strides on the
-    CPU path (a permuted view; ``.view`` of the channel dimension still works)."""
+    - ``"gemm"``: per-kernel-row matrix products (see the module docstring), on the CPU in
+      float32/float64 and under bf16 autocast (zero padding, if any, is added first);
+    - ``"native"``: PyTorch's convolution on NCHW tensors (oneDNN on the CPU, cuDNN on GPUs);
+    - ``"channels_last"``: PyTorch's convolution on channels-last tensors.
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1):
-        super().__init__(in_channels, out_channels, kernel_size, stride=stride)
-        # The matrix products read the weights as rows (O, Kh*Kw*C): keep them in that memory
-        # layout (channels-last), so neither they nor their gradients are ever transposed.
-        # Shape, values and state_dict stay nn.Conv2d's.
-        self.weight = nn.Parameter(self.weight.detach().contiguous(memory_format=torch.channels_last))
+    Same parameters and ``state_dict`` as ``nn.Conv2d`` whatever the ``impl``; only the
+    weight's memory layout follows it. Where "gemm" cannot run (GPUs, torch.compile,
+    tracing for export) the layer runs PyTorch's convolution.
+
+    Input (B, C_in, H, W). Output (B, C_out, H', W'), channels-last strides on the "gemm"
+    and "channels_last" paths (a permuted view; ``.view`` of the channel dimension works)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
+                 padding: int = 0, impl: str | None = None):
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding)
+        self.impl = ""
+        self.set_impl(impl or "gemm")
+
+    def set_impl(self, impl: str) -> None:
+        """Run as ``impl`` from now on. The weight takes the layout that path reads without
+        copies: channels-last rows (O, Kh*Kw*C) for "gemm" and "channels_last", NCHW for
+        "native" (oneDNN would otherwise switch to its channels-last path)."""
+        if impl not in self.candidates():
+            raise ValueError(f"conv implementation {impl!r} is not available for {self}; "
+                             f"choose from {self.candidates()}")
+        layout = torch.contiguous_format if impl == "native" else torch.channels_last
+        with torch.no_grad():
+            self.weight.data = self.weight.data.contiguous(memory_format=layout)
+        self.impl = impl
+
+    def candidates(self, device: torch.device | str = "cpu") -> tuple[str, ...]:
+        """The implementations that can run this layer on ``device``."""
+        return CONV_IMPLS if torch.device(device).type == "cpu" else CONV_IMPLS[1:]
 
     def _row_gemm_applies(self, x: torch.Tensor) -> bool:
-        return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-                and x.dim() == 4 and x.shape[-2] >= self.kernel_size[0]
-                and x.shape[-1] >= self.kernel_size[1] and not torch.is_autocast_enabled("cpu")
-                and not torch.compiler.is_compiling() and not torch.jit.is_tracing())
+        low_precision = torch.is_autocast_enabled("cpu")
+        dtype_ok = (torch.get_autocast_dtype("cpu") == torch.bfloat16 if low_precision
+                    else x.dtype in GEMM_DTYPES)
+        return (self.impl == "gemm" and x.device.type == "cpu" and dtype_ok and x.dim() == 4
+                and x.shape[-2] + 2 * self.padding[0] >= self.kernel_size[0]
+                and x.shape[-1] + 2 * self.padding[1] >= self.kernel_size[1]
+                and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+                and not torch.jit.is_scripting())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._row_gemm_applies(x):
-            return _RowGemmConv2d.apply(x, self.weight, self.bias, self.stride)
+            weight, bias = self.weight, self.bias
+            if self.padding != (0, 0):
+                ph, pw = self.padding
+                x = torch.nn.functional.pad(x, (pw, pw, ph, ph))  # (B, C, H + 2ph, W + 2pw)
+            if torch.is_autocast_enabled("cpu"):  # what autocast would do: bf16 operands
+                x, weight = x.to(torch.bfloat16), weight.to(torch.bfloat16)
+                bias = None if bias is None else bias.to(torch.bfloat16)
+            with torch.autocast("cpu", enabled=False):
+                return _RowGemmConv2d.apply(x, weight, bias, self.stride)
+        if self.impl == "channels_last":
+            x = x.contiguous(memory_format=torch.channels_last)
         return super().forward(x)

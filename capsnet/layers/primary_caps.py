@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from capsnet.layers.gemm_conv import GemmConv2d
-from capsnet.layers.squash import squash
+from capsnet.layers.squash import full_precision, squash
 
 
 class PrimaryCaps(nn.Module):
@@ -13,6 +13,7 @@ class PrimaryCaps(nn.Module):
 
     Input (B, C_in, H, W). Output (B, types * H' * W', dim): one row per capsule,
     ordered type-major (type, row, column), as in the paper's 32 x 6 x 6 = 1152.
+    The convolution may run in bf16 under autocast; the capsules are squashed in float32.
     """
 
     def __init__(self, in_channels: int, types: int, dim: int, kernel: int, stride: int):
@@ -26,4 +27,4 @@ class PrimaryCaps(nn.Module):
         G = out.shape[-1]
         u = out.view(B, self.types, self.dim, G, G)  # (B, 32, 8, 6, 6)
         u = u.permute(0, 1, 3, 4, 2).reshape(B, self.types * G * G, self.dim)  # (B, 1152, 8)
-        return squash(u)
+        return squash(full_precision(u))

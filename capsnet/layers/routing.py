@@ -1,9 +1,46 @@
 """Dynamic routing between capsules (Sabour et al. 2017, Procedure 1)."""
 from __future__ import annotations
 
+from typing import Iterator, NamedTuple, Optional
+
 import torch
 
-from capsnet.layers.squash import squash
+from capsnet.layers.squash import full_precision, squash
+
+
+class RoutingStep(NamedTuple):
+    """One routing iteration: the couplings it used, the outputs it made and the agreement
+    those outputs earned (None after the last iteration, which updates nothing)."""
+
+    c: Optional[torch.Tensor]  # (B, J, I) couplings; None for the uniform first iteration (1/J)
+    v: torch.Tensor  # (B, J, D) output capsules
+    agreement: Optional[torch.Tensor]  # (B, J, I) u_hat . v, added to the logits b
+
+
+def routing_steps(u_hat: torch.Tensor, iterations: int,
+                  full_graph: bool = False) -> Iterator[RoutingStep]:
+    """Procedure 1, one :class:`RoutingStep` per iteration. See :func:`dynamic_routing`."""
+    device_type = u_hat.device.type
+    with torch.autocast(device_type=device_type, enabled=False):  # float32 under autocast too
+        u_hat = full_precision(u_hat)
+        J = u_hat.shape[1]
+        u_hat_routing = u_hat if full_graph else u_hat.detach()
+        b = None  # (B, J, I) routing logits; None stands for all zeros
+        for r in range(iterations):
+            last = r == iterations - 1
+            u = u_hat if last else u_hat_routing
+            if b is None:
+                c = None
+                s = u.sum(dim=2) / J  # (B, J, D): softmax of zeros is 1/J
+            else:
+                c = torch.softmax(b, dim=1)  # (B, J, I), sums to 1 over J
+                s = torch.matmul(c.unsqueeze(2), u).squeeze(2)  # (B, J, 1, I) @ (B, J, I, D) -> (B, J, D)
+            v = squash(s)  # (B, J, D)
+            agreement = None
+            if not last:
+                agreement = torch.matmul(u, v.unsqueeze(-1)).squeeze(-1)  # (B, J, I)
+                b = agreement if b is None else b + agreement
+            yield RoutingStep(c, v, agreement)
 
 
 def dynamic_routing(u_hat: torch.Tensor, iterations: int, full_graph: bool = False) -> torch.Tensor:
@@ -17,23 +54,9 @@ def dynamic_routing(u_hat: torch.Tensor, iterations: int, full_graph: bool = Fal
     first couplings are uniform, c = 1/J, and that softmax is skipped; later couplings are
     a softmax over the J output capsules; b grows by the agreement u_hat . v. Unless
     ``full_graph``, gradients flow through the last iteration only (the earlier iterations
-    see a detached u_hat), as in most reference code. Runs in float32 (or float64) even under autocast.
+    see a detached u_hat), as in most reference code. Runs in float32 (or float64) even
+    under autocast.
     """
-    if u_hat.dtype in (torch.float16, torch.bfloat16):
-        u_hat = u_hat.float()
-    B, J, I, D = u_hat.shape
-    u_hat_routing = u_hat if full_graph else u_hat.detach()
-    b = None  # (B, J, I) routing logits; None stands for all zeros
-    for r in range(iterations):
-        last = r == iterations - 1
-        u = u_hat if last else u_hat_routing
-        if b is None:
-            s = u.sum(dim=2) / J  # (B, J, D): softmax of zeros is 1/J
-        else:
-            c = torch.softmax(b, dim=1)  # (B, J, I), sums to 1 over J
-            s = torch.matmul(c.unsqueeze(2), u).squeeze(2)  # (B, J, 1, I) @ (B, J, I, D) -> (B, J, D)
-        v = squash(s)  # (B, J, D)
-        if not last:
-            agreement = torch.matmul(u, v.unsqueeze(-1)).squeeze(-1)  # (B, J, I)
-            b = agreement if b is None else b + agreement
+    for step in routing_steps(u_hat, iterations, full_graph):
+        v = step.v
     return v

@@ -7,6 +7,11 @@ import torch
 SQUASH_EPS = 1e-12
 
 
+def full_precision(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 when it is in a 16-bit float type (autocast), else as it is."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """v = |s|^2 / (1 + |s|^2) * s / |s|, along ``dim``.
 

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from capsnet.config import CapsNetConfig
-from capsnet.layers import Decoder, DigitCaps, GemmConv2d, PrimaryCaps
+from capsnet.layers import Decoder, DigitCaps, GemmConv2d, PrimaryCaps, full_precision
+from capsnet.models.precision import autocast_to
 
 
 class CapsuleOutput(NamedTuple):
@@ -20,7 +21,9 @@ class CapsNet(nn.Module):
     """Input images (B, C, H, W) scaled to [0, 1]; output :class:`CapsuleOutput`.
 
     The decoder is fed the poses masked by ``labels`` when given (training), else by
-    the longest capsule (inference).
+    the longest capsule (inference). ``compute_dtype`` (None: float32; set by
+    :func:`capsnet.tuning.apply_plan`) is the autocast dtype of the convolutions and the
+    decoder; routing and squash run in float32 and every output is float32.
     """
 
     def __init__(self, config: CapsNetConfig = CapsNetConfig()):
@@ -34,14 +37,16 @@ class CapsNet(nn.Module):
         image_shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
         self.decoder = (Decoder(cfg.num_classes, cfg.digit_dim, cfg.decoder_hidden, image_shape)
                         if cfg.use_decoder else None)
+        self.compute_dtype: Optional[torch.dtype] = None
 
     def forward(self, x: torch.Tensor, labels: Optional[torch.Tensor] = None) -> CapsuleOutput:
-        h = torch.relu(self.conv1(x))  # (B, 256, 20, 20)
-        u = self.primary_caps(h)  # (B, 1152, 8)
-        v = self.digit_caps(u)  # (B, 10, 16)
-        lengths = torch.linalg.vector_norm(v, dim=-1)  # (B, 10)
-        reconstructions = None
-        if self.decoder is not None:
-            keep = labels if labels is not None else lengths.argmax(dim=-1)  # (B,)
-            reconstructions = self.decoder(v, keep)  # (B, 1, 28, 28)
+        with autocast_to(x.device, self.compute_dtype):
+            h = torch.relu(self.conv1(x))  # (B, 256, 20, 20)
+            u = self.primary_caps(h)  # (B, 1152, 8) float32
+            v = self.digit_caps(u)  # (B, 10, 16) float32
+            lengths = torch.linalg.vector_norm(v, dim=-1)  # (B, 10)
+            reconstructions = None
+            if self.decoder is not None:
+                keep = labels if labels is not None else lengths.argmax(dim=-1)  # (B,)
+                reconstructions = full_precision(self.decoder(v, keep))  # (B, 1, 28, 28)
         return CapsuleOutput(lengths, v, reconstructions)

@@ -5,11 +5,15 @@ import torch
 from torch import nn
 
 from capsnet.config import CNNConfig
+from capsnet.layers import GemmConv2d, full_precision
+from capsnet.models.precision import autocast_to
 
 
 class CNNBaseline(nn.Module):
     """Three 'same'-padded 5x5 conv layers with ReLU, then FC 328 -> FC 192 -> classes,
-    with dropout before the last layer. Input (B, C, H, W); output logits (B, classes)."""
+    with dropout before the last layer. Input (B, C, H, W); output logits (B, classes),
+    float32. ``compute_dtype`` (None: float32) is the autocast dtype of the whole network;
+    the convolutions' implementation is chosen like CapsNet's (:mod:`capsnet.tuning`)."""
 
     def __init__(self, config: CNNConfig = CNNConfig()):
         super().__init__()
@@ -17,7 +21,7 @@ class CNNBaseline(nn.Module):
         convs: list[nn.Module] = []
         channels = (cfg.in_channels, *cfg.conv_channels)
         for c_in, c_out in zip(channels[:-1], channels[1:]):
-            convs += [nn.Conv2d(c_in, c_out, cfg.conv_kernel, padding=cfg.conv_kernel // 2),
+            convs += [GemmConv2d(c_in, c_out, cfg.conv_kernel, padding=cfg.conv_kernel // 2),
                       nn.ReLU(inplace=True)]
         self.features = nn.Sequential(*convs)
         sizes = (cfg.conv_channels[-1] * cfg.image_size**2, *cfg.fc_hidden)
@@ -26,7 +30,9 @@ class CNNBaseline(nn.Module):
             fcs += [nn.Linear(n_in, n_out), nn.ReLU(inplace=True)]
         self.classifier = nn.Sequential(*fcs, nn.Dropout(cfg.dropout),
                                         nn.Linear(sizes[-1], cfg.num_classes))
+        self.compute_dtype: torch.dtype | None = None
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.features(x)  # (B, 128, 28, 28)
-        return self.classifier(h.flatten(1))  # (B, 10)
+        with autocast_to(x.device, self.compute_dtype):
+            h = self.features(x)  # (B, 128, 28, 28)
+            return full_precision(self.classifier(h.flatten(1)))  # (B, 10)

@@ -22,8 +22,7 @@ from capsnet.training.distributed import World
 from capsnet.training.loop import NonFiniteLossError, StepOptions, evaluate, train_one_epoch
 from capsnet.training.metrics_log import MetricsLog
 from capsnet.training.settings import TrainSettings
-
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+from capsnet.tuning import SpeedPlan, apply_plan, choose_plan, machine_description
 
 
 @dataclass
@@ -123,12 +122,16 @@ def _fit(settings: TrainSettings, resume: Optional[str], argv: Optional[list[str
         data = prepare_data(settings, device)
     model, optimizer, scheduler = build_for(settings, data, device)
     state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None}
+    saved_plan = None
     if resume is not None:
-        state = _restore(resolve_resume(resume), model, optimizer, scheduler, device)
+        state, saved_plan = _restore(resolve_resume(resume), model, optimizer, scheduler, device)
         scheduler.gamma = settings.lr_decay  # a resumed run may anneal at a new rate from here
         log(f"resuming {resume} after epoch {state['epoch']}")
+    plan = speed_plan_for(settings, model, world, saved_plan)
+    apply_plan(model, plan)
+    log(f"speed: {plan.describe()}")
     if world.is_main:
-        _describe_run(run_dir, settings, model, argv)
+        _describe_run(run_dir, settings, model, plan, argv)
     log(f"{settings.model} on {settings.dataset}: {len(data.train_idx)} training, "
         f"{len(data.val_idx)} validation, {len(data.test.labels)} test images; device {device}"
         + (f" x {world.size} processes" if world.distributed else ""))
@@ -144,7 +147,7 @@ def _fit(settings: TrainSettings, resume: Optional[str], argv: Optional[list[str
             if world.is_main:
                 ckpt = dict(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
                             rng=rng_state(), train_settings=settings.to_dict(), metrics=row,
-                            **state)
+                            speed_plan=plan.as_dict(), **state)
                 save_checkpoint(run_dir / "last.pt", model, **ckpt)
                 if improved:
                     save_checkpoint(run_dir / "best.pt", model, **ckpt)
@@ -156,26 +159,47 @@ def _fit(settings: TrainSettings, resume: Optional[str], argv: Optional[list[str
     finally:
         if metrics is not None:
             metrics.close()
-    results = _final_report(settings, model, data, run_dir, state, log) if world.is_main else None
+    results = (_final_report(settings, model, plan, data, run_dir, state, log)
+               if world.is_main else None)
     return distributed.broadcast_object(results, world)
 
 
-def _restore(path: Path, model, optimizer, scheduler, device) -> dict:
+def _restore(path: Path, model, optimizer, scheduler, device) -> tuple[dict, Optional[dict]]:
+    """Load a checkpoint into the run's objects; returns the epoch state and the run's
+    speed plan (None for checkpoints written before plans)."""
     payload = load_checkpoint(path, map_location=device)
     unwrap(model).load_state_dict(payload["state_dict"])
     optimizer.load_state_dict(payload["optimizer"])
     scheduler.load_state_dict(payload["scheduler"])
     set_rng_state(payload["rng"])
-    return {k: payload[k] for k in ("epoch", "best_val_accuracy", "best_epoch")}
+    state = {k: payload[k] for k in ("epoch", "best_val_accuracy", "best_epoch")}
+    return state, payload.get("speed_plan")
 
 
-def _describe_run(run_dir: Path, settings: TrainSettings, model, argv) -> None:
-    """Write the resolved settings, model config and command line into the run directory."""
+def speed_plan_for(settings: TrainSettings, model, world: World,
+                   saved: Optional[dict] = None) -> SpeedPlan:
+    """How the run computes: a resumed run on the same machine keeps its plan (the same
+    kernels, so the same numbers); otherwise rank 0 measures (or reads its cache) and
+    every rank follows it."""
+    plan = None
+    if world.is_main:
+        if saved is not None and saved.get("machine") == machine_description(world.device):
+            plan = SpeedPlan.from_dict({**saved, "source": "checkpoint"})
+        else:
+            plan = choose_plan(unwrap(model), world.device,
+                               distributed.per_rank_batch(settings.batch_size, world),
+                               precision=settings.precision, conv_impl=settings.conv_impl)
+    return distributed.broadcast_object(plan, world)
+
+
+def _describe_run(run_dir: Path, settings: TrainSettings, model, plan: SpeedPlan, argv) -> None:
+    """Write the resolved settings, model config, speed plan and command line into the run
+    directory."""
     from capsnet.config import config_to_dict
 
     (run_dir / "config.json").write_text(json.dumps(
-        {"settings": settings.to_dict(), "model_config": config_to_dict(unwrap(model).config)},
-        indent=2) + "\n")
+        {"settings": settings.to_dict(), "model_config": config_to_dict(unwrap(model).config),
+         "speed": plan.as_dict()}, indent=2) + "\n")
     command = " ".join(["capsnet", *(argv if argv is not None else sys.argv[1:])])
     with open(run_dir / "command.txt", "a") as f:
         f.write(command + "\n")
@@ -189,8 +213,7 @@ def _run_epoch(settings: TrainSettings, model, optimizer, data: RunData, epoch: 
     generator = torch.Generator(device=device).manual_seed(
         _mix(settings.seed, epoch) + 1 + world.rank)
     options = StepOptions(distributed.per_rank_batch(settings.batch_size, world),
-                          settings.max_shift, settings.reconstruction_weight,
-                          PRECISIONS[settings.precision])
+                          settings.max_shift, settings.reconstruction_weight)
     lr = optimizer.param_groups[0]["lr"]
     start = time.perf_counter()
     with _progress(settings.progress and world.is_main, epoch, len(order)) as on_progress:
@@ -204,8 +227,7 @@ def _run_epoch(settings: TrainSettings, model, optimizer, data: RunData, epoch: 
     # The plain module: ranks evaluate different numbers of batches, outside DDP.
     eval_model = unwrap(model) if world.distributed else model
     kwargs = dict(world=world, num_classes=len(data.train.classes),
-                  reconstruction_weight=settings.reconstruction_weight,
-                  amp_dtype=options.amp_dtype)
+                  reconstruction_weight=settings.reconstruction_weight)
     if len(data.val_idx):
         val = distributed.evaluate_sharded(eval_model, data.train.images[data.val_idx],
                                            data.train.labels[data.val_idx], **kwargs)
@@ -240,8 +262,10 @@ def _epoch_line(row: dict, improved: bool) -> str:
     return " | ".join(parts)
 
 
-def _final_report(settings, model, data: RunData, run_dir: Path, state: dict, log) -> dict:
-    """Evaluate the test set once for the final and the validation-selected model."""
+def _final_report(settings, model, plan: SpeedPlan, data: RunData, run_dir: Path, state: dict,
+                  log) -> dict:
+    """Evaluate the test set once for the final and the validation-selected model (both
+    running as the run's plan says)."""
     from capsnet.training.checkpoint import model_from_checkpoint
 
     kwargs = dict(reconstruction_weight=settings.reconstruction_weight)
@@ -252,6 +276,7 @@ def _final_report(settings, model, data: RunData, run_dir: Path, state: dict, lo
         best = final  # the final epoch was the selected one: the same weights
         if state["best_epoch"] != state["epoch"]:
             best_model = model_from_checkpoint(best_path, map_location=data.test.images.device)
+            apply_plan(best_model, plan)
             best = evaluate(best_model, data.test.images, data.test.labels, **kwargs)
         results.update(best_epoch=state["best_epoch"], best_val_accuracy=state["best_val_accuracy"],
                        best=best.as_dict())

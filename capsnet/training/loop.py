@@ -1,7 +1,6 @@
 """One epoch of training and one pass of evaluation over tensors already on the device."""
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -25,15 +24,7 @@ class StepOptions:
     batch_size: int = 128
     max_shift: int = 2  # the paper's augmentation: shifts of up to 2 pixels
     reconstruction_weight: float = 0.0005
-    amp_dtype: Optional[torch.dtype] = None  # e.g. torch.bfloat16 on a GPU
     check_every: int = 20  # steps between loss read-backs (finite check, progress)
-
-
-def autocast(device: torch.device, dtype: Optional[torch.dtype]):
-    """Autocast context for ``dtype`` on ``device``, or a no-op when dtype is None."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
@@ -56,9 +47,8 @@ def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: 
     for step, idx in enumerate(batches, start=1):
         x = random_shift(to_model_input(images[idx]), options.max_shift, generator)  # (B, 1, 28, 28)
         y = labels[idx]  # (B,)
-        with autocast(device, options.amp_dtype):
-            out = model(x, y)
-            loss = model_loss(out, x, y, options.reconstruction_weight)
+        out = model(x, y)  # in the model's compute precision
+        loss = model_loss(out, x, y, options.reconstruction_weight)  # float32
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -98,21 +88,18 @@ class EvalResult:
 
 
 @torch.no_grad()
-def predict_scores(model: nn.Module, images: torch.Tensor, batch_size: int = 500,
-                   amp_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def predict_scores(model: nn.Module, images: torch.Tensor, batch_size: int = 500) -> torch.Tensor:
     """Class scores (N, J) float32 for uint8 images (N, H, W) on the model's device."""
     model.eval()
     scores = []
     for chunk in images.split(batch_size):
-        with autocast(images.device, amp_dtype):
-            scores.append(class_scores(model(to_model_input(chunk))).float())
+        scores.append(class_scores(model(to_model_input(chunk))).float())
     return torch.cat(scores)
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
-             batch_size: int = 500, reconstruction_weight: float = 0.0005,
-             amp_dtype: Optional[torch.dtype] = None) -> EvalResult:
+             batch_size: int = 500, reconstruction_weight: float = 0.0005) -> EvalResult:
     """Accuracy, mean loss and confusion matrix on uint8 images (N, H, W), labels (N,)."""
     model.eval()
     device = images.device
@@ -120,9 +107,8 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
     predictions = []
     for x_u8, y in zip(images.split(batch_size), labels.split(batch_size)):
         x = to_model_input(x_u8)
-        with autocast(device, amp_dtype):
-            out = model(x)
-            loss_sum += model_loss(out, x, y, reconstruction_weight).float() * y.numel()
+        out = model(x)
+        loss_sum += model_loss(out, x, y, reconstruction_weight).float() * y.numel()
         predictions.append(class_scores(out).argmax(-1))
     predicted = torch.cat(predictions)
     num_classes = class_scores(out).shape[-1]

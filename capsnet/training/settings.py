@@ -24,7 +24,8 @@ class TrainSettings:
     val_size: int = 5000  # held out of the training set, stratified; 0 for none
     seed: int = 0
     device: str = "auto"
-    precision: str = "fp32"  # 'fp32' or 'bf16' (autocast; routing stays in float32)
+    precision: str = "auto"  # 'auto' (measured), 'fp32' or 'bf16' (autocast; routing in float32)
+    conv_impl: str = "auto"  # 'auto' (measured), 'gemm', 'native' or 'channels_last'
     compile: bool = False  # torch.compile the model
     monitor_test: bool = False  # also evaluate the test set after every epoch (never for selection)
     out_dir: str = "runs/latest"
