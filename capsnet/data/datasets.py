@@ -1,88 +1,92 @@
-"""Image datasets held as tensors: loading a split of MNIST or Fashion-MNIST."""
+"""Loading datasets by name: MNIST and Fashion-MNIST (IDX files), CIFAR-10, SVHN, and
+folders of image files ("folder", whose root is the data_dir)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Any
 
 import numpy as np
 import torch
 
+from capsnet.data.cifar import load_cifar10
+from capsnet.data.folder import load_folder_dataset
 from capsnet.data.idx import IDXError, read_idx
-from capsnet.data.sources import get_spec, locate_dataset, verify_file
+from capsnet.data.image_dataset import ImageDataset
+from capsnet.data.sources import DATASETS, get_spec, locate_dataset, verify_file
+from capsnet.data.svhn import load_svhn
 
 SPLITS = ("train", "test")
-IMAGE_NDIM = 3  # (N, H, W)
+IMAGE_NDIM = 3  # (N, H, W): IDX images are grey
+FOLDER = "folder"
 
 
-@dataclass
-class ImageDataset:
-    """Grayscale images with integer labels.
+def _load_cifar10(split: str, data_dir, download: bool, verify: bool) -> ImageDataset:
+    return load_cifar10(split, data_dir, download)  # no per-file checksums to verify
 
-    images: (N, H, W) uint8, labels: (N,) int64 in range(len(classes)).
-    ``name`` is the dataset's name, e.g. "mnist" (the same for both splits).
-    """
 
-    images: torch.Tensor
-    labels: torch.Tensor
-    classes: tuple[str, ...]
-    name: str
+def _load_svhn(split: str, data_dir, download: bool, verify: bool) -> ImageDataset:
+    return load_svhn(split, data_dir, download, verify)
 
-    def __post_init__(self):
-        if self.images.dim() != IMAGE_NDIM or self.labels.dim() != 1:
-            raise ValueError(f"{self.name}: expected images (N, H, W) and labels (N,), got "
-                             f"{tuple(self.images.shape)} and {tuple(self.labels.shape)}")
-        if len(self.images) != len(self.labels):
-            raise ValueError(f"{self.name}: {len(self.images)} images but {len(self.labels)} labels")
 
-    def __repr__(self) -> str:
-        return (f"ImageDataset(name={self.name!r}, images={tuple(self.images.shape)} {self.images.dtype}, "
-                f"labels={tuple(self.labels.shape)}, classes={len(self.classes)}, "
-                f"device={self.images.device})")
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-    def to(self, device: Union[str, torch.device]) -> "ImageDataset":
-        """A new ImageDataset with both tensors on ``device``."""
-        return ImageDataset(self.images.to(device), self.labels.to(device), self.classes, self.name)
-
-    def subset(self, indices: Union[torch.Tensor, Sequence[int]]) -> "ImageDataset":
-        """A new ImageDataset of the examples at ``indices`` (K,) -> images (K, H, W)."""
-        index = torch.as_tensor(indices, dtype=torch.long, device=self.labels.device)
-        return ImageDataset(self.images[index], self.labels[index], self.classes, self.name)
+# name -> load(split, data_dir, download, verify), for the datasets that are not IDX files.
+READERS: dict[str, Callable[..., ImageDataset]] = {"cifar10": _load_cifar10, "svhn": _load_svhn}
+DATASET_NAMES = tuple(DATASETS) + tuple(READERS) + (FOLDER,)
 
 
 def _check_arrays(images: np.ndarray, labels: np.ndarray, images_path: Path, labels_path: Path,
                   num_classes: int) -> None:
     """Raise IDXError, naming the file, unless images (N, H, W) uint8 match labels (N,)."""
     if images.ndim != IMAGE_NDIM or images.dtype != np.uint8:
-        raise IDXError(images_path, f"expected 3-D uint8 images, got {images.ndim}-D {images.dtype}")
+        raise IDXError(images_path, f"expected 3-D uint8 images, got {images.ndim}-D "
+                                    f"{images.dtype}")
     if labels.ndim != 1 or labels.dtype.kind not in "iu":
-        raise IDXError(labels_path, f"expected 1-D integer labels, got {labels.ndim}-D {labels.dtype}")
+        raise IDXError(labels_path, f"expected 1-D integer labels, got {labels.ndim}-D "
+                                    f"{labels.dtype}")
     if len(images) != len(labels):
-        raise IDXError(labels_path, f"{len(labels)} labels but {len(images)} images in {images_path}")
+        raise IDXError(labels_path, f"{len(labels)} labels but {len(images)} images in "
+                                    f"{images_path}")
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
         raise IDXError(labels_path, f"labels span {labels.min()}..{labels.max()}, "
                                     f"expected 0..{num_classes - 1}")
 
 
-def load_split(name: str, split: str, data_dir: Union[str, os.PathLike, None] = None,
-               download: bool = True, verify: bool = False) -> ImageDataset:
-    """Load the 'train' or 'test' split of a known dataset as an ImageDataset.
+def _load_folder(data_dir: str | os.PathLike | None,
+                 options: dict[str, Any]) -> tuple[ImageDataset, ImageDataset]:
+    if data_dir is None:
+        raise ValueError(f"dataset {FOLDER!r} needs its root folder as data_dir (--data-dir ROOT, "
+                         f"holding ROOT/train/<class>/<images> and optionally ROOT/test/...)")
+    return load_folder_dataset(data_dir, **options)
 
-    Files are found by ``locate_dataset``. With ``verify``, each file's decompressed
-    MD5 is checked against the spec first (ChecksumError, a ValueError, on mismatch).
-    Raises IDXError naming the file when the files are malformed or do not match.
+
+def _no_folder_options(name: str, options: dict[str, Any]) -> None:
+    if options:
+        raise ValueError(f"options {', '.join(sorted(options))} apply only to the {FOLDER!r} "
+                         f"dataset, not {name!r}")
+
+
+def load_split(name: str, split: str, data_dir: str | os.PathLike | None = None,
+               download: bool = True, verify: bool = False, **folder_options: Any) -> ImageDataset:
+    """Load the 'train' or 'test' split of a known dataset (DATASET_NAMES) as an ImageDataset.
+
+    IDX files are found by ``locate_dataset``. With ``verify``, each file's MD5 is
+    checked against the spec first where one is known (ChecksumError, a ValueError, on
+    mismatch). Raises IDXError naming the file when IDX files are malformed or do not
+    match. For "folder", ``data_dir`` is the root and ``folder_options`` go to
+    ``load_folder_dataset``.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    key = name.lower()
+    if key == FOLDER:
+        return _load_folder(data_dir, folder_options)[SPLITS.index(split)]
+    _no_folder_options(name, folder_options)
+    if key in READERS:
+        return READERS[key](split, data_dir, download, verify)
+    if key not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASET_NAMES)}")
     spec = get_spec(name)
     paths = locate_dataset(spec, data_dir=data_dir, download=download)
     images_key, labels_key = f"{split}_images", f"{split}_labels"
@@ -96,8 +100,16 @@ def load_split(name: str, split: str, data_dir: Union[str, os.PathLike, None] = 
                         classes=spec.classes, name=spec.name)
 
 
-def load_dataset(name: str, data_dir: Union[str, os.PathLike, None] = None,
-                 download: bool = True) -> tuple[ImageDataset, ImageDataset]:
-    """The (train, test) splits of a known dataset."""
+def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
+                 download: bool = True, **folder_options: Any) -> tuple[ImageDataset, ImageDataset]:
+    """The (train, test) splits of a known dataset (DATASET_NAMES).
+
+    "folder" needs ``data_dir`` (its root) and takes ``folder_options`` (image_size,
+    channels, test_fraction, seed, skip_bad, cache_dir, progress; see
+    capsnet.data.folder.load_folder_dataset); it is decoded once for both splits.
+    """
+    if name.lower() == FOLDER:
+        return _load_folder(data_dir, folder_options)
+    _no_folder_options(name, folder_options)
     return (load_split(name, "train", data_dir=data_dir, download=download),
             load_split(name, "test", data_dir=data_dir, download=download))

@@ -1,8 +1,10 @@
 """Where the dataset files come from: known datasets, local lookup, verified download.
 
-A dataset is four IDX files (train/test images and labels). Each may be stored raw
-(``train-images-idx3-ubyte``) or gzip-compressed (``train-images-idx3-ubyte.gz``);
-checksums are always of the decompressed content, so both forms verify alike.
+An IDX dataset (MNIST, Fashion-MNIST) is four IDX files (train/test images and labels).
+Each may be stored raw (``train-images-idx3-ubyte``) or gzip-compressed
+(``train-images-idx3-ubyte.gz``); their checksums are of the decompressed content, so both
+forms verify alike. Other readers (capsnet.data.cifar, capsnet.data.svhn) share the lookup
+(:func:`locate_files`) and the one download loop (:func:`download_verified`).
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import hashlib
 import os
 import tempfile
 import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Union
+from typing import TypeVar
 
 from capsnet.data.idx import GZIP_ERRORS, GZIP_MAGIC, GZIP_SUFFIX, IDXError, open_maybe_gzip
 
@@ -25,10 +28,21 @@ XDG_CACHE_ENV = "XDG_CACHE_HOME"
 CACHE_SUBDIR = "capsnet"
 CHUNK_BYTES = 1 << 20
 DOWNLOAD_TIMEOUT_S = 30
-MAX_DOWNLOAD_BYTES = 1 << 30  # the largest file, train images, is about 26 MB compressed
+MAX_DOWNLOAD_BYTES = 1 << 30  # the largest file, SVHN's train_32x32.mat, is about 182 MB
 
 # progress(file_name, bytes_received, bytes_total or None)
-ProgressFn = Callable[[str, int, Optional[int]], None]
+ProgressFn = Callable[[str, int, int | None], None]
+Found = TypeVar("Found")
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file to download: its name on disk, URLs tried in order, and the MD5 of its
+    bytes as stored (not decompressed), or None for 'not verified'."""
+
+    name: str
+    urls: tuple[str, ...]
+    md5: str | None
 
 
 @dataclass(frozen=True)
@@ -41,7 +55,7 @@ class DatasetSpec:
     """
 
     name: str
-    files: Mapping[str, tuple[str, Optional[str]]]
+    files: Mapping[str, tuple[str, str | None]]
     mirrors: tuple[str, ...]
     system_dirs: tuple[str, ...]
     classes: tuple[str, ...]
@@ -88,10 +102,24 @@ class DataNotFoundError(RuntimeError):
 
 
 class ChecksumError(ValueError):
-    """A file's decompressed content does not have the expected MD5."""
+    """A file's content does not have the expected MD5."""
 
 
-def get_spec(name_or_spec: Union[str, DatasetSpec]) -> DatasetSpec:
+class DatasetFileError(ValueError):
+    """A dataset file that is malformed or does not match; the one-line message starts
+    with the path."""
+
+    def __init__(self, path: str | os.PathLike, reason: str):
+        super().__init__(f"{os.fspath(path)}: {reason}")
+        self.path = os.fspath(path)
+        self.reason = reason
+
+    def __reduce__(self):
+        """Pickle by the constructor's arguments (exceptions cross process boundaries)."""
+        return type(self), (self.path, self.reason)
+
+
+def get_spec(name_or_spec: str | DatasetSpec) -> DatasetSpec:
     """The DatasetSpec for a known name (case-insensitive), or the spec itself."""
     if isinstance(name_or_spec, DatasetSpec):
         return name_or_spec
@@ -110,13 +138,18 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / CACHE_SUBDIR
 
 
-def file_md5(path: Union[str, os.PathLike]) -> str:
-    """Hex MD5 of the file's decompressed content (gzip or raw), read in chunks.
+def file_md5(path: str | os.PathLike, decompress: bool = True) -> str:
+    """Hex MD5 of the file's content, read in chunks: decompressed when it is gzip (the
+    default), or the bytes as stored with ``decompress=False``.
 
     Raises IDXError when the file is missing or its gzip stream is corrupt.
     """
     digest = hashlib.md5()
-    with open_maybe_gzip(path) as f:
+    try:
+        opened = open_maybe_gzip(path) if decompress else open(path, "rb")
+    except OSError as err:  # open_maybe_gzip raises IDXError itself
+        raise IDXError(path, f"cannot open file: {err.strerror or err}") from err
+    with opened as f:
         try:
             for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
                 digest.update(chunk)
@@ -125,17 +158,19 @@ def file_md5(path: Union[str, os.PathLike]) -> str:
     return digest.hexdigest()
 
 
-def verify_file(path: Union[str, os.PathLike], expected_md5: Optional[str]) -> None:
-    """Raise ChecksumError unless the decompressed MD5 is ``expected_md5`` (None: no check)."""
+def verify_file(path: str | os.PathLike, expected_md5: str | None,
+                decompress: bool = True) -> None:
+    """Raise ChecksumError unless the MD5 (see file_md5) is ``expected_md5`` (None: no check)."""
     if expected_md5 is None:
         return
-    actual = file_md5(path)
+    actual = file_md5(path, decompress=decompress)
     if actual != expected_md5:
-        raise ChecksumError(f"{os.fspath(path)}: checksum mismatch: md5 of the decompressed content "
+        content = "the decompressed content" if decompress else "the file"
+        raise ChecksumError(f"{os.fspath(path)}: checksum mismatch: md5 of {content} "
                             f"is {actual}, expected {expected_md5}")
 
 
-def find_files(directory: Path, spec: DatasetSpec) -> Optional[dict[str, Path]]:
+def find_files(directory: Path, spec: DatasetSpec) -> dict[str, Path] | None:
     """The four files in ``directory`` (raw preferred over .gz), or None unless all are there."""
     found = {}
     for key, (file_name, _) in spec.files.items():
@@ -147,30 +182,61 @@ def find_files(directory: Path, spec: DatasetSpec) -> Optional[dict[str, Path]]:
     return found
 
 
-def search_dirs(spec: DatasetSpec, data_dir: Union[str, os.PathLike, None] = None) -> list[Path]:
+def dataset_dirs(name: str, data_dir: str | os.PathLike | None = None,
+                 system_dirs: Sequence[str] = ()) -> list[Path]:
     """Directories looked at, in order: data_dir, $CAPSNET_DATA_DIR, the cache, system dirs.
 
-    Each of the first two is tried as given and with ``/<dataset name>`` appended.
+    Each of the first two is tried as given and with ``/<name>`` appended; the cache
+    directory is ``default_cache_dir() / name``.
     """
     dirs = []
     for base in (data_dir, os.environ.get(DATA_DIR_ENV) or None):
         if base is not None:
             base = Path(base).expanduser()
-            dirs += [base, base / spec.name]
-    dirs.append(default_cache_dir() / spec.name)
-    dirs += [Path(d) for d in spec.system_dirs]
+            dirs += [base, base / name]
+    dirs.append(default_cache_dir() / name)
+    dirs += [Path(d) for d in system_dirs]
     return dirs
 
 
-def _not_found_message(spec: DatasetSpec, searched: list[Path], download_note: str) -> str:
+def search_dirs(spec: DatasetSpec, data_dir: str | os.PathLike | None = None) -> list[Path]:
+    """The directories ``locate_dataset`` looks at for ``spec``, in order (see dataset_dirs)."""
+    return dataset_dirs(spec.name, data_dir, spec.system_dirs)
+
+
+def not_found_message(name: str, needed: str, searched: list[Path], download_note: str) -> str:
     """One line: which files, where they were looked for, where to put them, the download."""
-    return (f"dataset {spec.name!r} not found: need the four files {', '.join(spec.file_names())} "
-            f"(each raw or .gz) in one directory; looked in: {', '.join(map(str, searched))}; "
+    return (f"dataset {name!r} not found: need {needed} in one directory; "
+            f"looked in: {', '.join(map(str, searched))}; "
             f"put them in a directory given by --data-dir DIR or the environment variable "
-            f"{DATA_DIR_ENV}, or in the cache dir {default_cache_dir() / spec.name}; {download_note}")
+            f"{DATA_DIR_ENV}, or in the cache dir {default_cache_dir() / name}; {download_note}")
 
 
-def locate_dataset(name: Union[str, DatasetSpec], data_dir: Union[str, os.PathLike, None] = None,
+def locate_files(name: str, find: Callable[[Path], Found | None],
+                 fetch: Callable[[Path], Found], needed: str,
+                 data_dir: str | os.PathLike | None = None, download: bool = True,
+                 system_dirs: Sequence[str] = ()) -> Found:
+    """What ``find(directory)`` returns for the first directory of ``dataset_dirs`` where it
+    is not None; else, with ``download``, ``fetch(default_cache_dir() / name)``.
+
+    ``needed`` says which files, for the message. Raises DataNotFoundError when nothing
+    is found and the download is disabled or fails (DataNotFoundError or OSError).
+    """
+    searched = dataset_dirs(name, data_dir, system_dirs)
+    for directory in searched:
+        found = find(directory)
+        if found is not None:
+            return found
+    if not download:
+        raise DataNotFoundError(not_found_message(name, needed, searched, "download disabled"))
+    try:
+        return fetch(default_cache_dir() / name)
+    except (DataNotFoundError, OSError) as err:
+        note = f"download attempted and failed: {err}"
+        raise DataNotFoundError(not_found_message(name, needed, searched, note)) from err
+
+
+def locate_dataset(name: str | DatasetSpec, data_dir: str | os.PathLike | None = None,
                    download: bool = True) -> dict[str, Path]:
     """Paths of the four files, keyed by FILE_KEYS; downloads into the cache when missing.
 
@@ -179,21 +245,13 @@ def locate_dataset(name: Union[str, DatasetSpec], data_dir: Union[str, os.PathLi
     the download is disabled or fails.
     """
     spec = get_spec(name)
-    searched = search_dirs(spec, data_dir)
-    for directory in searched:
-        found = find_files(directory, spec)
-        if found is not None:
-            return found
-    if not download:
-        raise DataNotFoundError(_not_found_message(spec, searched, "download disabled"))
-    try:
-        return download_dataset(spec, default_cache_dir() / spec.name)
-    except (DataNotFoundError, OSError) as err:
-        note = f"download attempted and failed: {err}"
-        raise DataNotFoundError(_not_found_message(spec, searched, note)) from err
+    return locate_files(spec.name, lambda directory: find_files(directory, spec),
+                        lambda dest: download_dataset(spec, dest),
+                        needed=f"the four files {', '.join(spec.file_names())} (each raw or .gz)",
+                        data_dir=data_dir, download=download, system_dirs=spec.system_dirs)
 
 
-def _fetch(url: str, dest: Path, timeout: float, progress: Optional[ProgressFn]) -> None:
+def _fetch(url: str, dest: Path, timeout: float, progress: ProgressFn | None) -> None:
     """Stream ``url`` into the file ``dest``, at most MAX_DOWNLOAD_BYTES."""
     with urllib.request.urlopen(url, timeout=timeout) as response, open(dest, "wb") as out:
         total = response.headers.get("Content-Length")
@@ -210,7 +268,7 @@ def _fetch(url: str, dest: Path, timeout: float, progress: Optional[ProgressFn])
             raise ValueError(f"incomplete download: {received} of {total} bytes")
 
 
-def _check_download(path: Path, expected_md5: Optional[str]) -> None:
+def _check_download(path: Path, expected_md5: str | None) -> None:
     """Raise ValueError unless ``path`` is a complete gzip stream with the expected content."""
     with open(path, "rb") as f:
         if f.read(len(GZIP_MAGIC)) != GZIP_MAGIC:
@@ -219,31 +277,70 @@ def _check_download(path: Path, expected_md5: Optional[str]) -> None:
     verify_file(path, expected_md5)
 
 
-def _download_file(base_urls: tuple[str, ...], file_name: str, expected_md5: Optional[str],
-                   dest_dir: Path, timeout: float, progress: Optional[ProgressFn]) -> Path:
-    """Fetch ``<base>/<file_name>.gz`` from the first mirror that gives verified content."""
-    target = dest_dir / (file_name + GZIP_SUFFIX)
+def download_verified(urls: Sequence[str], target: Path, check: Callable[[Path], None],
+                      timeout: float = DOWNLOAD_TIMEOUT_S,
+                      progress: ProgressFn | None = None) -> Path:
+    """Fetch the first of ``urls`` whose content passes ``check`` into ``target``.
+
+    Each attempt goes to a temporary file next to ``target`` that is renamed into place
+    only once ``check(path)`` returned (it raises ValueError or OSError to reject), so no
+    partial or unverified file is ever visible. Raises DataNotFoundError naming the file
+    and every URL's error when all fail.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
     errors = []
-    for base in base_urls:
-        url = f"{base.rstrip('/')}/{file_name}{GZIP_SUFFIX}"
-        fd, tmp_name = tempfile.mkstemp(dir=dest_dir, prefix=f".{target.name}.", suffix=".tmp")
+    for url in urls:
+        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         os.close(fd)
         try:
             _fetch(url, Path(tmp_name), timeout, progress)
-            _check_download(Path(tmp_name), expected_md5)
+            check(Path(tmp_name))
             os.replace(tmp_name, target)
             return target
-        except (OSError, HTTPException, ValueError) as err:  # URLError, timeouts, IDX/checksum
+        except (OSError, HTTPException, ValueError) as err:  # URLError, timeouts, checks
             errors.append(f"{url}: {err}")
         finally:
             Path(tmp_name).unlink(missing_ok=True)
     tried = "; ".join(errors) or "no mirrors"
-    raise DataNotFoundError(f"could not download {file_name}{GZIP_SUFFIX}: {tried}")
+    raise DataNotFoundError(f"could not download {target.name}: {tried}")
 
 
-def download_dataset(name_or_spec: Union[str, DatasetSpec], dest_dir: Union[str, os.PathLike],
+def _download_file(base_urls: tuple[str, ...], file_name: str, expected_md5: str | None,
+                   dest_dir: Path, timeout: float, progress: ProgressFn | None) -> Path:
+    """Fetch ``<base>/<file_name>.gz`` from the first mirror that gives verified content."""
+    urls = [f"{base.rstrip('/')}/{file_name}{GZIP_SUFFIX}" for base in base_urls]
+    return download_verified(urls, dest_dir / (file_name + GZIP_SUFFIX),
+                             lambda path: _check_download(path, expected_md5), timeout, progress)
+
+
+def download_file(remote: RemoteFile, dest_dir: str | os.PathLike,
+                  check: Callable[[Path], None] | None = None,
+                  timeout: float = DOWNLOAD_TIMEOUT_S,
+                  progress: ProgressFn | None = None) -> Path:
+    """``<dest_dir>/<remote.name>``, downloaded unless a file with the right MD5 is there.
+
+    The download must match ``remote.md5`` (the bytes as stored) and pass ``check``, if
+    given, before it is renamed into place (see download_verified).
+    """
+    target = Path(dest_dir) / remote.name
+
+    def verified(path: Path) -> None:
+        verify_file(path, remote.md5, decompress=False)
+        if check is not None:
+            check(path)
+
+    if target.is_file() and remote.md5 is not None:
+        try:
+            verified(target)
+            return target
+        except (ValueError, OSError):
+            pass
+    return download_verified(remote.urls, target, verified, timeout, progress)
+
+
+def download_dataset(name_or_spec: str | DatasetSpec, dest_dir: str | os.PathLike,
                      timeout: float = DOWNLOAD_TIMEOUT_S,
-                     progress: Optional[ProgressFn] = None) -> dict[str, Path]:
+                     progress: ProgressFn | None = None) -> dict[str, Path]:
     """Download the four files as ``<dest_dir>/<file>.gz``, verified; returns their paths.
 
     Each file comes from the first mirror whose content passes the MD5 check; a file
@@ -265,7 +362,7 @@ def download_dataset(name_or_spec: Union[str, DatasetSpec], dest_dir: Union[str,
     return paths
 
 
-def _is_valid(path: Path, expected_md5: Optional[str]) -> bool:
+def _is_valid(path: Path, expected_md5: str | None) -> bool:
     """True when ``path`` passes the download checks."""
     try:
         _check_download(path, expected_md5)

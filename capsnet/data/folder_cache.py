@@ -1,0 +1,102 @@
+"""The decoded arrays of an image folder, cached as one .npz file per folder and options.
+
+A cache file is named ``<options hash>-<content hash>.npz``. The options hash covers the
+folder's resolved path and the decoding options; the content hash covers every image
+file's relative path, size and modification time, so touching, adding, removing or
+renaming a file gives a new name. Writing a new file removes the stale ones with the same
+options hash. Files are written atomically (temporary file, then rename) and read with
+``allow_pickle=False``; a file that cannot be read or does not check out is ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from capsnet.data.image_dataset import ImageDataset
+
+CACHE_VERSION = 1  # bump when the arrays for the same files and options would differ
+HASH_CHARS = 24
+SUFFIX = ".npz"
+SPLITS = ("train", "test")
+# What reading a damaged or foreign cache file raises.
+READ_ERRORS = (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile)
+
+
+def _digest(value: Any) -> str:
+    """A short hex SHA-256 of ``value`` as canonical JSON."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
+
+
+def cache_path(cache_dir: Path, root: Path, options: Mapping[str, Any],
+               files: Sequence[tuple[str, int, int]]) -> Path:
+    """The cache file for ``root`` decoded with ``options`` when its image files are
+    ``files``: (relative path, size in bytes, mtime in ns) each."""
+    options_hash = _digest({"version": CACHE_VERSION, "root": str(root.resolve()), **options})
+    return cache_dir / f"{options_hash}-{_digest(sorted(files))}{SUFFIX}"
+
+
+def load_cached(path: Path, classes: tuple[str, ...],
+                name: str) -> tuple[ImageDataset, ImageDataset] | None:
+    """The (train, test) datasets stored at ``path``, or None when it is missing, damaged
+    or does not match (another key, other classes, bad shapes or labels)."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            meta = json.loads(str(stored["meta"]))
+            if meta["key"] != path.stem or tuple(meta["classes"]) != classes:
+                return None
+            splits = []
+            for split in SPLITS:
+                images = stored[f"{split}_images"]  # (N, C, H, W) uint8
+                labels = stored[f"{split}_labels"]  # (N,) int64
+                if images.dtype != np.uint8 or labels.dtype != np.int64 or images.ndim != 4:
+                    return None
+                if len(labels) and (labels.min() < 0 or labels.max() >= len(classes)):
+                    return None
+                splits.append(ImageDataset(torch.from_numpy(images), torch.from_numpy(labels),
+                                           classes, name, copy.deepcopy(meta["info"])))
+    except READ_ERRORS:
+        return None
+    train, test = splits
+    return train, test
+
+
+def save_cached(path: Path, train: ImageDataset, test: ImageDataset) -> bool:
+    """Write both splits to ``path`` atomically and remove stale files with the same
+    options hash. Returns False, leaving nothing behind, when the cache cannot be written
+    (the caller goes on with the data it has)."""
+    meta = {"key": path.stem, "classes": list(train.classes), "info": train.info}
+    arrays = {"meta": np.array(json.dumps(meta))}
+    for split, dataset in zip(SPLITS, (train, test), strict=True):
+        arrays[f"{split}_images"] = dataset.images.numpy()
+        arrays[f"{split}_labels"] = dataset.labels.numpy()
+    tmp_name = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as out:
+            np.savez(out, **arrays)
+        os.replace(tmp_name, path)
+    except OSError:
+        return False
+    finally:
+        if tmp_name is not None:
+            Path(tmp_name).unlink(missing_ok=True)
+    options_hash = path.stem.split("-")[0]
+    for stale in path.parent.glob(f"{options_hash}-*{SUFFIX}"):
+        if stale != path:
+            stale.unlink(missing_ok=True)
+    return True

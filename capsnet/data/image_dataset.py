@@ -1,0 +1,77 @@
+"""ImageDataset: uint8 images, grey or colour, with integer labels, held as tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+GREY_NDIM = 3  # (N, H, W)
+CHANNELS_NDIM = 4  # (N, C, H, W)
+CHANNEL_COUNTS = (1, 3)  # grey, RGB
+
+
+@dataclass
+class ImageDataset:
+    """Images with integer labels.
+
+    images: (N, H, W) uint8 grey, or (N, C, H, W) uint8 with C = 1 (grey) or 3 (RGB);
+    labels: (N,) int64 in range(len(classes)). ``name`` is the dataset's name, e.g.
+    "mnist" (the same for both splits). ``info`` holds provenance, e.g. a recorded
+    train/test split or the files skipped as unreadable (see capsnet.data.folder).
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    classes: tuple[str, ...]
+    name: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        shape = tuple(self.images.shape)
+        grey = self.images.dim() == GREY_NDIM
+        colour = self.images.dim() == CHANNELS_NDIM and shape[1] in CHANNEL_COUNTS
+        if not (grey or colour) or self.labels.dim() != 1:
+            raise ValueError(f"{self.name}: expected images (N, H, W) or (N, C, H, W) with C in "
+                             f"{CHANNEL_COUNTS} and labels (N,), got {shape} and "
+                             f"{tuple(self.labels.shape)}")
+        if len(self.images) != len(self.labels):
+            raise ValueError(f"{self.name}: {len(self.images)} images but "
+                             f"{len(self.labels)} labels")
+
+    def __repr__(self) -> str:
+        return (f"ImageDataset(name={self.name!r}, "
+                f"images={tuple(self.images.shape)} {self.images.dtype}, "
+                f"labels={tuple(self.labels.shape)}, classes={len(self.classes)}, "
+                f"device={self.images.device})")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def channels(self) -> int:
+        """1 for grey images (N, H, W) or (N, 1, H, W), 3 for RGB (N, 3, H, W)."""
+        return 1 if self.images.dim() == GREY_NDIM else int(self.images.shape[1])
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """(H, W) of every image."""
+        height, width = self.images.shape[-2:]
+        return int(height), int(width)
+
+    def to(self, device: str | torch.device) -> ImageDataset:
+        """A new ImageDataset with both tensors on ``device``."""
+        return ImageDataset(self.images.to(device), self.labels.to(device), self.classes, self.name,
+                            dict(self.info))
+
+    def subset(self, indices: torch.Tensor | Sequence[int]) -> ImageDataset:
+        """A new ImageDataset of the examples at ``indices`` (K,) -> images (K, ...)."""
+        index = torch.as_tensor(indices, dtype=torch.long, device=self.labels.device)
+        return ImageDataset(self.images[index], self.labels[index], self.classes, self.name,
+                            dict(self.info))
