@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from capsnet.config import config_to_dict
+from capsnet.loading import WEIGHTS_FORMAT, WEIGHTS_SUFFIX, load_checkpoint, load_model
 from capsnet.models import CapsNet, model_name_of
 
 FORMATS = ("onnx", "torchscript")
@@ -121,12 +122,44 @@ def _export_torchscript(wrapper: InferenceModel, example: torch.Tensor, path: Pa
         torch.jit.save(traced, str(path), _extra_files={METADATA_FILE: json.dumps(info)})
 
 
+def export_weights(checkpoint: str | os.PathLike, out_path: str | os.PathLike,
+                   dtype: torch.dtype = torch.float16, info: Optional[dict] = None) -> Path:
+    """Write a checkpoint's model as a compact safetensors file (weights in ``dtype``),
+    carrying the model name, its configuration and ``info`` (e.g. measured accuracy)."""
+    from safetensors.torch import save_file
+
+    payload = load_checkpoint(checkpoint)
+    tensors = {k: v.to(dtype).contiguous() for k, v in payload["state_dict"].items()}
+    metadata = {"format": WEIGHTS_FORMAT, "model": payload["model"],
+                "config": json.dumps(payload["config"]), "info": json.dumps(info or {})}
+    out_path = Path(out_path)
+    tmp = out_path.with_name(f".{out_path.name}.tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    os.replace(tmp, out_path)
+    return out_path
+
+
+def export_run_weights(checkpoint: str | os.PathLike,
+                       path: Optional[str | os.PathLike] = None) -> Path:
+    """float16 safetensors weights of a checkpoint, carrying its run's headline results
+    (results.json beside it, confusion matrices left out) as info. ``path`` None writes
+    beside the checkpoint: best.pt -> best.safetensors."""
+    checkpoint = Path(checkpoint)
+    results = checkpoint.parent / "results.json"
+    info = json.loads(results.read_text()) if results.is_file() else {}
+    for key in ("final", "best"):  # keep the headline numbers, drop the confusion matrices
+        if isinstance(info.get(key), dict):
+            info[key] = {k: info[key][k] for k in ("accuracy", "error") if k in info[key]}
+    return export_weights(checkpoint, path or checkpoint.with_suffix(WEIGHTS_SUFFIX), info=info)
+
+
 def export_checkpoint(source: str | os.PathLike, path: Optional[str | os.PathLike],
                       fmt: str) -> Path:
-    """Export the model of a checkpoint (.pt) or weights file (.safetensors). ``path``
-    None writes beside the source: best.pt -> best.onnx or best.ts.pt."""
-    from capsnet.pretrained import load_model
-
+    """Export the model of a checkpoint (.pt) or weights file (.safetensors) as ``fmt``
+    (FORMATS, or 'safetensors' for compact weights of a checkpoint). ``path`` None writes
+    beside the source: best.pt -> best.onnx, best.ts.pt or best.safetensors."""
+    if fmt == "safetensors":
+        return export_run_weights(source, path)
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose from {list(FORMATS)}")
     model = load_model(source, device="cpu")

@@ -20,7 +20,7 @@ from torch import nn
 
 from capsnet.data.augment import PIXEL_MAX, to_model_input
 from capsnet.models import CapsuleOutput, class_scores
-from capsnet.pretrained import load_model
+from capsnet.loading import ModelSource, load_model
 from capsnet.preprocess import ImageSource, PreprocessError, prepare_image
 
 # The paper's Figure 4: each pose dimension moved by -0.25 .. 0.25 in steps of 0.05.
@@ -28,7 +28,6 @@ PERTURB_RANGE = 0.25
 PERTURB_STEP = 0.05
 BATCH_SIZE = 256
 
-ModelSource = Union[None, str, os.PathLike, nn.Module]
 
 
 @dataclass
@@ -55,14 +54,6 @@ class Prediction:
         return {"source": self.source, "digit": self.digit, "length": self.length,
                 "alternatives": [{"digit": d, "length": s} for d, s in self.alternatives],
                 "lengths": self.lengths}
-
-
-def resolve_model(model: ModelSource = None, device: Any = "cpu") -> nn.Module:
-    """A model in eval mode: an nn.Module as given, a .pt / .safetensors path, or None for
-    the trained CapsNet shipped with the package (CheckpointError if there is none)."""
-    if isinstance(model, nn.Module):
-        return model.eval()
-    return load_model(model, device)
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -141,7 +132,7 @@ def predict(images: Union[ImageSource, Sequence[ImageSource]], model: ModelSourc
         except PreprocessError as exc:
             raise PreprocessError(f"{name}: {exc}") from None
         names.append(name)
-    return predict_prepared(resolve_model(model, device), np.stack(prepared), names, top_k)
+    return predict_prepared(load_model(model, device), np.stack(prepared), names, top_k)
 
 
 def _source_name(source: Any, index: int) -> str:
@@ -206,3 +197,41 @@ def pick_examples(labels: torch.Tensor, predictions: torch.Tensor, count: int,
     wrong = torch.nonzero(predictions != labels).flatten()  # (W,)
     wrong = wrong[wrong >= len(first)][:misclassified]
     return torch.cat([first, wrong])  # (K,)
+
+
+# test images classified per step of :func:`predict_until`'s search
+SEARCH_CHUNK = 500
+
+
+def predict_until(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, count: int,
+                  misclassified: int) -> torch.Tensor:
+    """Predicted classes (n,) of images[:n] (N, H, W), n the smallest multiple of
+    SEARCH_CHUNK (or N) covering ``count`` images and ``misclassified`` errors after them."""
+    predictions = []
+    for start in range(0, len(images), SEARCH_CHUNK):
+        scores, _, _ = run_model(model, images[start:start + SEARCH_CHUNK])  # (b, J)
+        predictions.append(scores.argmax(dim=1).cpu())
+        done = torch.cat(predictions)  # (n,)
+        wrong_after = (done[count:] != labels[count:len(done)]).sum()
+        if len(done) >= count and wrong_after >= misclassified:
+            break
+    return torch.cat(predictions)
+
+
+def first_of_each_class(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                        classes: Sequence[int]) -> list[int]:
+    """For each of ``classes``, the index of the first of ``images`` (N, H, W) with that
+    label that the model classifies correctly (else the first with that label)."""
+    num_classes = model.config.num_classes
+    bad = [c for c in classes if not 0 <= c < num_classes]
+    if bad:
+        raise ValueError(f"classes must be in 0..{num_classes - 1}, got {bad}")
+    predictions = run_model(model, images)[0].argmax(dim=1).cpu()  # (N,)
+    chosen = []
+    for c in classes:
+        right = torch.nonzero((labels == c) & (predictions == c)).flatten()
+        anyone = torch.nonzero(labels == c).flatten()
+        if len(anyone) == 0:
+            raise ValueError(f"no image of class {c} among the first {len(labels)}")
+        chosen.append(int(right[0] if len(right) else anyone[0]))
+    return chosen

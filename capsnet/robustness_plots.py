@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from capsnet.robustness import AFFINE, ROTATION
+from capsnet.experiments.robustness import AFFINE, ROTATION
 
 FIGURE_DPI = 120
 PERCENT = 100.0

@@ -11,7 +11,7 @@ import threading
 
 from playwright.sync_api import expect, sync_playwright
 
-from capsnet.inference import resolve_model
+from capsnet.loading import load_model
 from capsnet.web import create_app, make_server
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="arrow-key presses (0.01 each)")
     args = parser.parse_args()
 
-    server = make_server(create_app(resolve_model(args.checkpoint)), "127.0.0.1", 0)
+    server = make_server(create_app(load_model(args.checkpoint)), "127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         with sync_playwright() as playwright:

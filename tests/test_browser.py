@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from capsnet.inference import resolve_model
+from capsnet.loading import load_model
 from capsnet.web import create_app, make_server
 
 CHROMIUM = Path(os.environ.get("CAPSNET_CHROMIUM", "/usr/bin/chromium"))
@@ -32,7 +32,7 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 @pytest.fixture(scope="module")
 def server_url(small_checkpoint):
-    server = make_server(create_app(resolve_model(small_checkpoint)), "127.0.0.1", 0)
+    server = make_server(create_app(load_model(small_checkpoint)), "127.0.0.1", 0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.port}/"

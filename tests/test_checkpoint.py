@@ -7,12 +7,13 @@ import pytest
 import torch
 from torch import nn
 
-import capsnet.pretrained as pretrained
+import capsnet.loading as loading
 from capsnet.config import make_config
 from capsnet.models import build_model
 from capsnet.training import checkpoint as ckpt
-from capsnet.training.checkpoint import (CHECKPOINT_VERSION, CheckpointError, atomic_torch_save,
-                                         load_checkpoint, model_from_checkpoint, save_checkpoint)
+from capsnet.loading import (CHECKPOINT_VERSION, CheckpointError, load_checkpoint,
+                             model_from_checkpoint)
+from capsnet.training.checkpoint import atomic_torch_save, save_checkpoint
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 
@@ -174,13 +175,13 @@ def test_missing_and_unknown_config_keys(saved):
 
 def test_load_model_reads_training_checkpoints(saved):
     path, model = saved
-    loaded = pretrained.load_model(path)
+    loaded = loading.load_model(path)
     x = torch.rand(2, 1, 28, 28)
     with torch.no_grad():
         assert torch.equal(loaded(x).lengths, model(x).lengths)
 
 
 def test_load_model_without_shipped_weights_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(pretrained, "DEFAULT_WEIGHTS", tmp_path / "absent.safetensors")
+    monkeypatch.setattr(loading, "DEFAULT_WEIGHTS", tmp_path / "absent.safetensors")
     with pytest.raises(CheckpointError, match="no trained model ships"):
-        pretrained.load_model(None)
+        loading.load_model(None)

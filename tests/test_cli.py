@@ -10,7 +10,7 @@ import torch
 
 from capsnet.cli.main import main
 from capsnet.training import loop
-from capsnet.training.checkpoint import load_checkpoint, model_from_checkpoint
+from capsnet.loading import load_checkpoint, model_from_checkpoint
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 

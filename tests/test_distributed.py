@@ -16,7 +16,7 @@ import torch
 from capsnet.cli.main import main
 from capsnet.training import TrainSettings, fit
 from capsnet.training import distributed as D
-from capsnet.training.checkpoint import load_checkpoint
+from capsnet.loading import load_checkpoint
 from capsnet.training.distributed import World
 
 REPO = Path(__file__).resolve().parents[1]

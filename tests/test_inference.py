@@ -10,13 +10,14 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-import capsnet.pretrained
+import capsnet.loading
 from capsnet.cli.main import main
 from capsnet.data.augment import to_model_input
 from capsnet.inference import (Prediction, decode_pose, perturb_capsule, perturbation_deltas,
-                               perturbation_grid, pick_examples, predict, resolve_model, to_uint8)
+                               perturbation_grid, pick_examples, predict, to_uint8)
+from capsnet.loading import load_model
 from capsnet.preprocess import PreprocessError, prepare_image
-from capsnet.training.checkpoint import CheckpointError
+from capsnet.loading import CheckpointError
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -36,7 +37,7 @@ def sketch(kind: int, size: int = 200) -> Image.Image:
 
 @pytest.fixture(scope="module")
 def model(small_checkpoint):
-    return resolve_model(small_checkpoint)
+    return load_model(small_checkpoint)
 
 
 @pytest.fixture()
@@ -89,7 +90,7 @@ def test_predict_names_the_bad_image(model, image_files, tmp_path):
 
 
 def test_default_model_missing_is_a_clear_error(monkeypatch, tmp_path, image_files):
-    monkeypatch.setattr(capsnet.pretrained, "DEFAULT_WEIGHTS", tmp_path / "none.safetensors")
+    monkeypatch.setattr(capsnet.loading, "DEFAULT_WEIGHTS", tmp_path / "none.safetensors")
     with pytest.raises(CheckpointError, match="no trained model ships"):
         predict(image_files / "shape0.png")
 

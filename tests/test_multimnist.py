@@ -11,10 +11,10 @@ from capsnet.cli.main import main
 from capsnet.config import make_config
 from capsnet.losses import margin_loss, reconstruction_loss
 from capsnet.models import build_model
-from capsnet.multimnist import (canvas_size, make_pairs, model_inputs, pair_loss, pair_set,
+from capsnet.experiments.multimnist import (canvas_size, make_pairs, model_inputs, pair_loss, pair_set,
                                 pairs_correct, partner_indices, two_hot)
-from capsnet.multimnist_training import evaluate_pairs, reconstruct_pairs, train_pairs_epoch
-from capsnet.training.checkpoint import model_from_checkpoint
+from capsnet.experiments.multimnist_training import evaluate_pairs, reconstruct_pairs, train_pairs_epoch
+from capsnet.loading import model_from_checkpoint
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 TINY = dict(conv1_channels=8, primary_types=4, decoder_hidden=(16, 32))  # fast unit tests

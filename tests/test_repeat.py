@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from capsnet.cli.main import main
-from capsnet.ensemble import ensemble_scores, mean_std
+from capsnet.training.repeat import ensemble_scores, mean_std
 
 
 def test_mean_std_matches_hand_computation():

@@ -8,16 +8,15 @@ import json
 import pytest
 import torch
 
-from capsnet.affnist import compare, evaluation_sets
+from capsnet.experiments.affnist import compare, evaluation_sets
 from capsnet.cli.main import main
 from capsnet.config import make_config
-from capsnet.experiment import run_epochs
-from capsnet.training.fit import make_optimizer
 from capsnet.models import build_model
-from capsnet.robustness import (NamedModel, accuracy_grid, affine_rows, format_table,
+from capsnet.experiments.robustness import (NamedModel, accuracy_grid, affine_rows, format_table,
                                 markdown_table, rotation_rows)
 from capsnet.training import TrainSettings, fit
-from capsnet.training.checkpoint import model_from_checkpoint, save_checkpoint
+from capsnet.loading import model_from_checkpoint
+from capsnet.training.checkpoint import save_checkpoint
 from capsnet.training.loop import evaluate
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -140,27 +139,6 @@ def test_affnist_test_sets_and_comparison(test_digits):
     small = build_model(make_config("cnn", "small")).eval()
     with pytest.raises(ValueError, match="different input sizes"):
         compare([NamedModel("a", cnn), NamedModel("b", small)], images, labels)
-
-
-def test_run_epochs_keeps_the_best_validation_epoch(tmp_path):
-    torch.manual_seed(0)
-    model = build_model(make_config("cnn", "small"))
-    optimizer, scheduler = make_optimizer(model, 1e-3, 0.5)
-    scores = iter([0.3, 0.6, 0.4])
-
-    def train_epoch(epoch: int) -> dict:
-        optimizer.zero_grad()
-        model(torch.rand(2, 1, 28, 28)).square().sum().backward()
-        optimizer.step()
-        return {"train_loss": 0.0}
-
-    state = run_epochs(tmp_path, model, optimizer, scheduler, 3, train_epoch,
-                       lambda: next(scores), {"note": "test"}, log=lambda _: None)
-    assert state == {"epochs": 3, "best_epoch": 2, "best_val_accuracy": 0.6,
-                     "reached_target": False}
-    best = torch.load(tmp_path / "best.pt", weights_only=True)
-    assert best["metrics"]["epoch"] == 2 and best["metrics"]["lr"] == pytest.approx(5e-4)
-    assert (tmp_path / "metrics.csv").read_text().count("\n") == 4
 
 
 def test_saved_40px_capsnet_has_the_derived_capsule_count(tmp_path):

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from capsnet.data.datasets import load_split
-from capsnet.pretrained import DEFAULT_WEIGHTS, load_model, weights_info
+from capsnet.loading import DEFAULT_WEIGHTS, load_model, weights_info
 from capsnet.training.loop import evaluate
 
 README = Path(__file__).resolve().parents[1] / "README.md"

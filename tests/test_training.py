@@ -13,12 +13,14 @@ from torch import nn
 from capsnet.config import make_config
 from capsnet.data.datasets import load_dataset
 from capsnet.models import build_model
-from capsnet.training.checkpoint import load_checkpoint, unwrap
+from capsnet.loading import load_checkpoint
+from capsnet.models import unwrap
 from capsnet.training.loop import (NonFiniteLossError, StepOptions, evaluate, predict_scores,
                                    train_one_epoch)
 from capsnet.training.settings import TrainSettings
 
 fit_module = importlib.import_module("capsnet.training.fit")  # the module, not the function
+runner = importlib.import_module("capsnet.training.runner")
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 
@@ -124,12 +126,12 @@ def test_train_one_epoch_stops_on_a_non_finite_loss():
 def test_rng_state_round_trip_through_a_checkpoint(tmp_path):
     torch.manual_seed(1)
     random.seed(1)
-    state = fit_module.rng_state()
+    state = runner.rng_state()
     expected = (torch.rand(3), random.random())
     torch.save(state, tmp_path / "rng.pt")
     torch.manual_seed(2)
     random.seed(2)
-    fit_module.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    runner.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
 
 
@@ -145,7 +147,7 @@ def row(epoch: int, val_accuracy=None, **extra) -> dict:
 
 def test_select_by_validation_accuracy():
     state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None}
-    improved = [fit_module._select(row(e, v, test_accuracy_monitoring=t), state, e)
+    improved = [runner._select(row(e, v, test_accuracy_monitoring=t), state, e)
                 for e, v, t in [(1, 0.5, 0.1), (2, 0.9, 0.2), (3, 0.7, 0.99), (4, 0.9, 0.99)]]
     assert improved == [True, True, False, False]  # ties keep the earlier epoch
     assert state["best_epoch"] == 2 and state["best_val_accuracy"] == 0.9
@@ -153,7 +155,7 @@ def test_select_by_validation_accuracy():
 
 def test_select_without_validation_takes_the_last_epoch():
     state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None}
-    assert all(fit_module._select(row(e), state, e) for e in (1, 2, 3))
+    assert all(runner._select(row(e), state, e) for e in (1, 2, 3))
     assert state["best_epoch"] == 3
 
 
@@ -162,13 +164,13 @@ def test_best_checkpoint_is_chosen_by_validation_not_test(tiny_mnist_dir, tmp_pa
     val_by_epoch = {1: 0.50, 2: 0.90, 3: 0.70}
     test_by_epoch = {1: 0.10, 2: 0.20, 3: 0.99}  # monitoring only: must never be used
 
-    def planted_epoch(settings, model, optimizer, data, epoch, *rest):
+    def planted_epoch(task, step_model, model, optimizer, epoch, world):
         with torch.no_grad():  # mark the weights with the epoch that produced them
             unwrap(model).conv1.bias.fill_(float(epoch))
         optimizer.step()  # no gradients: a no-op that keeps the scheduler content
         return row(epoch, val_by_epoch[epoch], test_accuracy_monitoring=test_by_epoch[epoch])
 
-    monkeypatch.setattr(fit_module, "_run_epoch", planted_epoch)
+    monkeypatch.setattr(runner, "_train_and_validate", planted_epoch)
     settings = TrainSettings(preset="small", data_dir=str(tiny_mnist_dir), download=False,
                              epochs=3, val_size=100, monitor_test=True, out_dir=str(tmp_path),
                              progress=False)

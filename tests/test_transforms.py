@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capsnet.transforms import (AffineRanges, affine_set, angle_range, bounding_boxes,
+from capsnet.data.transforms import (AffineRanges, affine_set, angle_range, bounding_boxes,
                                 linear_matrix, place_on_canvas, rotate, rotation_matrix,
                                 sample_affine, warp)
 

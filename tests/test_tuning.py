@@ -189,7 +189,7 @@ def test_bf16_plan_keeps_routing_squash_and_outputs_in_float32(monkeypatch):
 def test_inference_plan_is_batch_invariant():
     """Under the inference plan (auto: bf16 where it pays) an image alone and the same image
     inside a batch of 64 get the same prediction and capsule lengths within 1e-3."""
-    from capsnet.pretrained import load_model
+    from capsnet.loading import load_model
 
     model = load_model()  # the shipped paper-size model
     plan = tune_for_inference(model, CPU)

@@ -13,7 +13,8 @@ from PIL import Image, ImageDraw
 from image_files import png_header
 
 from capsnet.cli.main import main
-from capsnet.inference import predict, resolve_model
+from capsnet.inference import predict
+from capsnet.loading import load_model
 from capsnet.preprocess import MAX_PIXELS
 from capsnet.web import create_app
 from capsnet.web.app import MAX_UPLOAD_BYTES
@@ -23,7 +24,7 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 @pytest.fixture(scope="module")
 def model(small_checkpoint):
-    return resolve_model(small_checkpoint)
+    return load_model(small_checkpoint)
 
 
 @pytest.fixture()

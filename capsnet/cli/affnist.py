@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from capsnet.affnist import (CANVAS, TEST_SEED, compare, evaluation_sets, format_comparison,
+from capsnet.experiments.affnist import (CANVAS, TEST_SEED, compare, evaluation_sets, format_comparison,
                              train_affnist)
-from capsnet.cli.common import add_data_args, add_device_arg
-from capsnet.cli.protocol_args import add_training_args, load_named_models, settings_from
+from capsnet.cli.args import (add_data_args, add_model_args, add_recipe_args, add_run_args,
+                              add_target_arg, load_cli_model, settings_from_args)
 from capsnet.data.datasets import load_split
-from capsnet.devices import pick_device
-from capsnet.transforms import AffineRanges
+from capsnet.experiments.robustness import named_models
+from capsnet.data.transforms import AffineRanges
 
 EXAMPLES = 10  # digits drawn per test set with --examples
 
@@ -25,7 +25,9 @@ def add_parser(subparsers) -> None:
                            description="Train CapsNet or the CNN on MNIST digits placed at "
                            "fresh random positions on a black canvas each epoch (no other "
                            "augmentation), then test on placed MNIST and on the affine set.")
-    add_training_args(t, out_dir="runs/affnist")
+    add_recipe_args(t)
+    add_target_arg(t)
+    add_run_args(t, "runs/affnist")
     t.add_argument("--canvas", type=int, default=CANVAS, help=f"canvas size (default {CANVAS})")
     t.add_argument("--test-limit", type=int, default=None,
                    help="test the final model on the first N test digits only (default: all)")
@@ -37,7 +39,7 @@ def add_parser(subparsers) -> None:
     e.add_argument("--seed", type=int, default=TEST_SEED, help="seed of both test sets")
     e.add_argument("--limit", type=int, default=None, help="use the first N test digits only")
     add_data_args(e)
-    add_device_arg(e)
+    add_model_args(e, checkpoint=None)
     e.add_argument("--batch-size", type=int, default=500)
     e.add_argument("--json", action="store_true", help="print machine-readable JSON")
     e.add_argument("--examples", default=None, metavar="PNG",
@@ -47,17 +49,16 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.action == "train":
-        train_affnist(settings_from(args, max_shift=0), canvas=args.canvas,
-                      target_accuracy=args.target_accuracy, test_limit=args.test_limit,
-                      argv=argv)
+        train_affnist(settings_from_args(args, task="affnist", max_shift=0), args.resume, argv)
         return 0
     return evaluate(args)
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    device = pick_device(args.device)
-    models = load_named_models(args.checkpoints, args.labels, device)
-    test = load_split(args.dataset, "test", args.data_dir, args.download).to(device)
+    models = named_models(args.checkpoints,
+                          [load_cli_model(args, path) for path in args.checkpoints], args.labels)
+    test = load_split(args.dataset, "test", args.data_dir, args.download)
+    test = test.to(next(models[0].model.parameters()).device)
     if args.limit is not None:
         test = test.subset(range(min(args.limit, len(test))))
     rows = compare(models, test.images, test.labels, args.seed, batch_size=args.batch_size)

@@ -3,11 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-import json
-from pathlib import Path
-
 from capsnet.export import FORMATS, export_checkpoint, read_description
-from capsnet.pretrained import export_weights, weights_info
+from capsnet.loading import weights_info
 
 
 def add_parser(subparsers) -> None:
@@ -21,7 +18,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--format", dest="fmt", default="onnx", choices=(*FORMATS, "safetensors"),
                    help="onnx (for onnxruntime and others), torchscript (torch.jit.load), or "
                         "safetensors (compact float16 weights that `--checkpoint` and "
-                        "capsnet.pretrained.load_model read)")
+                        "capsnet.loading.load_model read)")
     p.add_argument("-o", "--output", default=None,
                    help="file to write (default: beside the checkpoint, e.g. best.onnx or "
                         "best.ts.pt)")
@@ -29,26 +26,14 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    if args.fmt == "safetensors":
-        return _export_weights(args)
     path = export_checkpoint(args.checkpoint, args.output, args.fmt)
+    if args.fmt == "safetensors":
+        size_mb = path.stat().st_size / 2**20
+        print(f"wrote {path} (safetensors, float16, {size_mb:.1f} MB): "
+              f"{weights_info(path)['model']}")
+        return 0
     info = read_description(path)
     shape = ", ".join(str(n) for n in info["input_shape"])
     print(f"wrote {path} ({args.fmt}): input {info['input']} ({shape}) in [0, 1] -> "
           f"{', '.join(info['outputs'])}")
-    return 0
-
-
-def _export_weights(args: argparse.Namespace) -> int:
-    """float16 safetensors weights, carrying the run's results.json (if any) as info."""
-    checkpoint = Path(args.checkpoint)
-    results = checkpoint.parent / "results.json"
-    info = json.loads(results.read_text()) if results.is_file() else {}
-    for key in ("final", "best"):  # keep the headline numbers, drop the confusion matrices
-        if isinstance(info.get(key), dict):
-            info[key] = {k: info[key][k] for k in ("accuracy", "error") if k in info[key]}
-    out = Path(args.output) if args.output else checkpoint.with_suffix(".safetensors")
-    export_weights(checkpoint, out, info=info)
-    size_mb = out.stat().st_size / 2**20
-    print(f"wrote {out} (safetensors, float16, {size_mb:.1f} MB): {weights_info(out)['model']}")
     return 0

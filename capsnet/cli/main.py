@@ -7,7 +7,7 @@ import sys
 from typing import Optional
 
 from capsnet import __version__
-from capsnet.cli.common import USER_ERRORS
+from capsnet.cli.args import USER_ERRORS
 from capsnet.devices import keep_freed_memory
 
 # Modules under capsnet.cli, each with add_parser(subparsers) and run(args, argv) -> int.

@@ -5,11 +5,11 @@ import argparse
 
 import torch
 
-from capsnet.cli.common import add_data_args
-from capsnet.cli.model_args import add_model_args, load_cli_model
+from capsnet.cli.args import add_data_args, add_model_args, load_cli_model
 from capsnet.data.datasets import load_split
-from capsnet.inference import (PERTURB_RANGE, PERTURB_STEP, perturbation_deltas,
-                               perturbation_grid, require_decoder, run_model, to_uint8)
+from capsnet.inference import (PERTURB_RANGE, PERTURB_STEP, first_of_each_class,
+                               perturbation_deltas, perturbation_grid, require_decoder, run_model,
+                               to_uint8)
 from capsnet.preprocess import PreprocessError, prepare_image
 
 SEARCH_LIMIT = 2000  # test images searched for a correctly classified example of each digit
@@ -64,15 +64,7 @@ def chosen_images(args: argparse.Namespace, model: torch.nn.Module) -> torch.Ten
         raise ValueError(f"--digits must be in 0..{num_classes - 1}, got {bad}")
     test = load_split(args.dataset, "test", args.data_dir, args.download)
     images, labels = test.images[:SEARCH_LIMIT], test.labels[:SEARCH_LIMIT]  # (N, 28, 28), (N,)
-    predictions = run_model(model, images)[0].argmax(dim=1).cpu()  # (N,)
-    chosen = []
-    for digit in args.digits:
-        right = torch.nonzero((labels == digit) & (predictions == digit)).flatten()
-        anyone = torch.nonzero(labels == digit).flatten()
-        if len(anyone) == 0:
-            raise ValueError(f"no test image of class {digit} among the first {len(labels)}")
-        chosen.append(int(right[0] if len(right) else anyone[0]))
-    return images[chosen]
+    return images[first_of_each_class(model, images, labels, args.digits)]
 
 
 def _prepare(name: str):

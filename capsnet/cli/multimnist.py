@@ -4,15 +4,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from capsnet.cli.common import add_data_args, add_device_arg
-from capsnet.cli.protocol_args import add_training_args, settings_from
+from capsnet.cli.args import (add_data_args, add_model_args, add_recipe_args, add_run_args,
+                              add_target_arg, load_cli_model, settings_from_args)
 from capsnet.data.datasets import load_split
-from capsnet.devices import pick_device
+from capsnet.experiments import TEST_SEED
+from capsnet.experiments.multimnist import MAX_SHIFT, pair_set, shift_for
+from capsnet.experiments.multimnist_training import (TEST_PAIRS, evaluate_pairs,
+                                                     reconstruct_pairs, train_multimnist)
 from capsnet.models import model_name_of
-from capsnet.multimnist import MAX_SHIFT, pair_set
-from capsnet.multimnist_training import (TEST_PAIRS, TEST_SEED, evaluate_pairs,
-                                         reconstruct_pairs, train_multimnist)
-from capsnet.pretrained import load_model
 
 FIGURE_PAIRS = 8
 
@@ -25,8 +24,11 @@ def add_parser(subparsers) -> None:
                               "active capsules are its two digits.")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     t = actions.add_parser("train", help="train a CapsNet on fresh pairs every epoch")
-    add_training_args(t, out_dir="runs/multimnist", models=("capsnet",), max_shift=MAX_SHIFT,
-                      precision=False)
+    add_recipe_args(t, models=("capsnet",))
+    add_target_arg(t)
+    add_run_args(t, "runs/multimnist")
+    t.add_argument("--max-shift", type=int, default=MAX_SHIFT,
+                   help=f"each digit's shift in pixels (default {MAX_SHIFT})")
     t.add_argument("--test-pairs", type=int, default=TEST_PAIRS,
                    help=f"test pairs made from the test digits (default {TEST_PAIRS})")
     e = actions.add_parser("evaluate", help="top-2 accuracy of a checkpoint on test pairs")
@@ -35,7 +37,7 @@ def add_parser(subparsers) -> None:
         q.add_argument("checkpoint", help="a checkpoint written by `capsnet multimnist train`")
         q.add_argument("--seed", type=int, default=TEST_SEED, help="seed of the test pairs")
         add_data_args(q)
-        add_device_arg(q)
+        add_model_args(q, checkpoint=None)
     e.add_argument("--pairs", type=int, default=TEST_PAIRS, help="number of test pairs")
     e.add_argument("--batch-size", type=int, default=500)
     e.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -46,17 +48,14 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.action == "train":
-        train_multimnist(settings_from(args), args.test_pairs, args.target_accuracy, argv)
+        train_multimnist(settings_from_args(args, task="multimnist"), args.resume, argv)
         return 0
-    device = pick_device(args.device)
-    model = load_model(args.checkpoint, device)
+    model = load_cli_model(args)
     if model_name_of(model.config) != "capsnet":
         raise ValueError(f"{args.checkpoint}: MultiMNIST needs a CapsNet checkpoint")
-    test = load_split(args.dataset, "test", args.data_dir, args.download).to(device)
-    max_shift = (model.config.image_size - test.images.shape[-1]) // 2
-    if max_shift < 0:
-        raise ValueError(f"{args.checkpoint}: the model takes {model.config.image_size}x"
-                         f"{model.config.image_size} images, smaller than the digits")
+    test = load_split(args.dataset, "test", args.data_dir, args.download)
+    test = test.to(next(model.parameters()).device)
+    max_shift = shift_for(model.config.image_size, test.images.shape[-1])
     count = args.pairs if args.action == "evaluate" else args.count
     pairs = pair_set(test.images, test.labels, count, args.seed, max_shift)
     if args.action == "evaluate":

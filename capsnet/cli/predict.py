@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from capsnet.cli.model_args import add_model_args, load_cli_model
+from capsnet.cli.args import add_model_args, load_cli_model
 from capsnet.inference import Prediction, predict_prepared
 from capsnet.preprocess import PreprocessError, prepare_image
 

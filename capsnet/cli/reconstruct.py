@@ -5,12 +5,9 @@ import argparse
 
 import torch
 
-from capsnet.cli.common import add_data_args
-from capsnet.cli.model_args import add_model_args, load_cli_model
+from capsnet.cli.args import add_data_args, add_model_args, load_cli_model
 from capsnet.data.datasets import load_split
-from capsnet.inference import pick_examples, require_decoder, run_model, to_uint8
-
-SEARCH_CHUNK = 500  # test images classified per step of the search
+from capsnet.inference import pick_examples, predict_until, require_decoder, run_model, to_uint8
 
 
 def add_parser(subparsers) -> None:
@@ -58,17 +55,3 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
           f"(accuracy {accuracy:.4f} on the {len(labels)} test images searched)")
     return 0
 
-
-def predict_until(model, images: torch.Tensor, labels: torch.Tensor, count: int,
-                  misclassified: int) -> torch.Tensor:
-    """Predicted classes (n,) of images[:n] (N, 28, 28), n the smallest multiple of
-    SEARCH_CHUNK (or N) covering ``count`` images and ``misclassified`` errors after them."""
-    predictions = []
-    for start in range(0, len(images), SEARCH_CHUNK):
-        scores, _, _ = run_model(model, images[start:start + SEARCH_CHUNK])  # (b, J)
-        predictions.append(scores.argmax(dim=1).cpu())
-        done = torch.cat(predictions)  # (n,)
-        wrong_after = (done[count:] != labels[count:len(done)]).sum()
-        if len(done) >= count and wrong_after >= misclassified:
-            break
-    return torch.cat(predictions)

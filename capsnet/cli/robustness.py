@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from capsnet.cli.common import add_data_args, add_device_arg
-from capsnet.cli.protocol_args import load_named_models
+from capsnet.cli.args import add_data_args, add_model_args, load_cli_model
 from capsnet.data.datasets import load_split
-from capsnet.devices import pick_device
-from capsnet.robustness import (affine_rows, format_table, input_size_check, markdown_table,
-                                rotation_rows, write_csv)
-from capsnet.transforms import AffineRanges, affine_set, angle_range, rotate
+from capsnet.experiments.robustness import (affine_rows, format_table, input_size_check,
+                                            markdown_table, named_models, rotation_rows,
+                                            write_csv)
+from capsnet.data.transforms import AffineRanges, affine_set, angle_range, rotate
 
 EXAMPLES = 10  # digits shown per row in examples.png
 
@@ -34,7 +33,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--limit", type=int, default=None,
                    help="use the first N test images only (default: all 10,000)")
     add_data_args(p)
-    add_device_arg(p)
+    add_model_args(p, checkpoint=None)
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--out-dir", default="runs/robustness", help="where the CSV and plots go")
     p.set_defaults(func=run)
@@ -43,9 +42,10 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from capsnet.robustness_plots import plot_examples, plot_rotation
 
-    device = pick_device(args.device)
-    models = load_named_models(args.checkpoints, args.labels, device)
-    test = load_split(args.dataset, "test", args.data_dir, args.download).to(device)
+    models = named_models(args.checkpoints,
+                          [load_cli_model(args, path) for path in args.checkpoints], args.labels)
+    test = load_split(args.dataset, "test", args.data_dir, args.download)
+    test = test.to(next(models[0].model.parameters()).device)
     if args.limit is not None:
         test = test.subset(range(min(args.limit, len(test))))
     input_size_check(models, test.images.shape[-1])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from capsnet.cli.model_args import add_model_args, load_cli_model
+from capsnet.cli.args import add_model_args, load_cli_model
 
 DEFAULT_PORT = 8000
 

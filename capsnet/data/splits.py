@@ -33,10 +33,10 @@ def stratified_split(labels: torch.Tensor, val_size: int, seed: int) -> tuple[to
 def epoch_order(n: int, seed: int, epoch: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The shuffled order of ``n`` examples for one epoch, a function of (seed, epoch) only,
     so that a resumed run sees exactly the batches it would have seen."""
-    g = torch.Generator().manual_seed(_mix(seed, epoch))
+    g = torch.Generator().manual_seed(epoch_seed(seed, epoch))
     return torch.randperm(n, generator=g).to(device)
 
 
-def _mix(seed: int, epoch: int) -> int:
+def epoch_seed(seed: int, epoch: int) -> int:
     """One 63-bit seed from a run seed and an epoch number."""
     return (seed * 1_000_003 + epoch * 7_919 + 12_345) % (2**63 - 1)

@@ -32,9 +32,15 @@ def class_scores(output) -> torch.Tensor:
     return torch.softmax(output.float(), dim=-1)
 
 
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module inside DistributedDataParallel / torch.compile wrappers."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
 __all__ = ["CapsNet", "CapsuleOutput", "CNNBaseline", "MODELS", "build_model", "class_scores",
-           "count_parameters", "model_name_of"]
+           "count_parameters", "model_name_of", "unwrap"]

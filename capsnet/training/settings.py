@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from pathlib import Path
+from typing import Iterable, Optional
 
 
 @dataclass
 class TrainSettings:
+    task: str = "classify"  # 'classify' (the paper's recipe), 'affnist' or 'multimnist'
     model: str = "capsnet"  # 'capsnet' or 'cnn'
     preset: str = "paper"  # layer sizes: 'paper' or 'small'
     dataset: str = "mnist"  # 'mnist' or 'fashion-mnist'
@@ -28,6 +30,10 @@ class TrainSettings:
     conv_impl: str = "auto"  # 'auto' (measured), 'gemm', 'native' or 'channels_last'
     compile: bool = False  # torch.compile the model
     monitor_test: bool = False  # also evaluate the test set after every epoch (never for selection)
+    target_accuracy: Optional[float] = None  # stop after the first epoch whose validation reaches it
+    canvas: Optional[int] = None  # affNIST: side of the canvas the digits are placed on
+    test_limit: Optional[int] = None  # affNIST: test on the first N test digits only
+    test_pairs: Optional[int] = None  # MultiMNIST: test pairs made from the test digits
     out_dir: str = "runs/latest"
     progress: bool = True
 
@@ -38,3 +44,30 @@ class TrainSettings:
     def from_dict(cls, values: dict) -> "TrainSettings":
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+# Always taken from the command that resumes a run; the rest are the run's own settings.
+RESUME_OVERRIDES = ("epochs", "device", "progress")
+
+
+def resume_checkpoint(path: str | Path) -> Path:
+    """A run directory or checkpoint file -> the checkpoint to resume from."""
+    path = Path(path)
+    return path / "last.pt" if path.is_dir() else path
+
+
+def resumed_settings(resume: str | Path, given: TrainSettings,
+                     also_given: Iterable[str] = (), out_dir: Optional[str] = None) -> TrainSettings:
+    """The stopped run's own settings, with RESUME_OVERRIDES and the fields named in
+    ``also_given`` (e.g. 'lr_decay', to anneal faster from the next epoch on) taken from
+    ``given``. The run goes on in ``out_dir`` if given, else in the resumed checkpoint's
+    directory (the saved out_dir may be relative to another working directory)."""
+    from capsnet.loading import load_checkpoint
+
+    checkpoint = resume_checkpoint(resume)
+    saved = load_checkpoint(checkpoint).get("train_settings")
+    settings = dataclasses.replace(given) if saved is None else TrainSettings.from_dict(saved)
+    for name in (*RESUME_OVERRIDES, *also_given):
+        setattr(settings, name, getattr(given, name))
+    settings.out_dir = out_dir or str(checkpoint.parent)
+    return settings

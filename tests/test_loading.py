@@ -4,16 +4,17 @@ import json
 import pytest
 import torch
 
-from capsnet import pretrained
+from capsnet import loading
 from capsnet.cli.main import main
-from capsnet.pretrained import export_weights, load_model, load_weights, weights_info
-from capsnet.training.checkpoint import CheckpointError, model_from_checkpoint
+from capsnet.export import export_weights
+from capsnet.loading import load_model, weights_info
+from capsnet.loading import CheckpointError, model_from_checkpoint
 
 
 def test_weights_round_trip_matches_checkpoint(small_checkpoint, tmp_path):
     out = export_weights(small_checkpoint, tmp_path / "w.safetensors", info={"note": "x"})
     original = model_from_checkpoint(small_checkpoint)
-    reloaded = load_weights(out)
+    reloaded = load_model(out)
     x = torch.rand(4, 1, 28, 28)
     with torch.no_grad():
         a, b = original(x), reloaded(x)
@@ -38,9 +39,9 @@ def test_bad_weights_files_give_clear_errors(tmp_path, monkeypatch):
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"not safetensors at all")
     with pytest.raises(CheckpointError, match="junk.safetensors"):
-        load_weights(junk)
+        load_model(junk)
     with pytest.raises(CheckpointError, match="no such weights file"):
-        load_weights(tmp_path / "absent.safetensors")
-    monkeypatch.setattr(pretrained, "DEFAULT_WEIGHTS", tmp_path / "absent.safetensors")
+        load_model(tmp_path / "absent.safetensors")
+    monkeypatch.setattr(loading, "DEFAULT_WEIGHTS", tmp_path / "absent.safetensors")
     with pytest.raises(CheckpointError, match="no trained model ships"):
         load_model(None)

@@ -16,7 +16,9 @@ from torch import nn
 
 from capsnet.data.augment import random_shift, to_model_input
 from capsnet.losses import RECONSTRUCTION_WEIGHT, margin_loss, reconstruction_loss
-from capsnet.transforms import PIXEL_MAX, place_on_canvas
+from capsnet.models import unwrap
+from capsnet.models.precision import autocast_to
+from capsnet.data.transforms import PIXEL_MAX, place_on_canvas
 
 MAX_SHIFT = 4  # the paper: each digit shifted up to 4 pixels in each direction
 DIGITS_PER_IMAGE = 2
@@ -25,6 +27,16 @@ DIGITS_PER_IMAGE = 2
 def canvas_size(digit_size: int, max_shift: int = MAX_SHIFT) -> int:
     """Side of the MultiMNIST images: 36 for 28x28 digits shifted by up to 4 pixels."""
     return digit_size + 2 * max_shift
+
+
+def shift_for(model_image_size: int, digit_size: int) -> int:
+    """The per-digit shift a model trained on MultiMNIST of ``digit_size`` digits used: its
+    input is ``digit_size + 2 * shift`` pixels wide."""
+    shift = (model_image_size - digit_size) // 2
+    if shift < 0:
+        raise ValueError(f"the model takes {model_image_size}x{model_image_size} images, "
+                         f"smaller than the {digit_size}x{digit_size} digits")
+    return shift
 
 
 @dataclass
@@ -121,7 +133,9 @@ def pair_loss(model: nn.Module, x: torch.Tensor, labels: torch.Tensor, digits: t
     out = model(x, labels[:, 0])  # lengths (B, J), poses (B, J, D), reconstruction of digit 1
     loss = margin_loss(out.lengths.float(), two_hot(labels, out.lengths.shape[-1]))
     if out.reconstructions is not None and reconstruction_weight > 0:
-        second = model.decoder(out.poses, labels[:, 1])  # (B, 1, S, S)
+        capsnet = unwrap(model)  # the decoder of the model inside a DDP wrapper
+        with autocast_to(x.device, capsnet.compute_dtype):
+            second = capsnet.decoder(out.poses, labels[:, 1])  # (B, 1, S, S)
         both = (reconstruction_loss(out.reconstructions, digits[:, 0])
                 + reconstruction_loss(second, digits[:, 1]))
         loss = loss + reconstruction_weight * both

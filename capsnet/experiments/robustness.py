@@ -10,13 +10,14 @@ import csv
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
 
+from capsnet.models import model_name_of
 from capsnet.training.loop import evaluate
-from capsnet.transforms import AffineRanges, affine_set, rotate
+from capsnet.data.transforms import AffineRanges, affine_set, rotate
 
 ROTATION, AFFINE = "rotation", "affine"
 CSV_COLUMNS = ("model", "input_size", "transform", "angle_deg", "images", "accuracy", "error")
@@ -33,6 +34,20 @@ class NamedModel:
     @property
     def image_size(self) -> int:
         return self.model.config.image_size
+
+
+def named_models(paths: Sequence[str], models: Sequence[nn.Module],
+                 given: Optional[Sequence[str]] = None) -> list[NamedModel]:
+    """The models with their labels for tables and plots: ``given``, or 'capsnet (run-dir)'
+    from each model's name and its checkpoint's folder."""
+    if given and len(given) != len(paths):
+        raise ValueError(f"{len(given)} labels for {len(paths)} checkpoints")
+    labels = list(given) if given else []
+    if not given:
+        for path, model in zip(paths, models):
+            label = f"{model_name_of(model.config)} ({Path(path).resolve().parent.name})"
+            labels.append(label if label not in labels else f"{label} #{len(labels) + 1}")
+    return [NamedModel(label, model) for label, model in zip(labels, models)]
 
 
 def input_size_check(models: Sequence[NamedModel], image_size: int) -> None:

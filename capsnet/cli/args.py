@@ -1,0 +1,142 @@
+"""Every argument shared by several commands, declared once, and the errors the CLI reports
+in one line."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional
+
+from torch import nn
+
+from capsnet.config import PRESETS
+from capsnet.data.datasets import DATASET_NAMES
+from capsnet.data.idx import IDXError
+from capsnet.data.sources import DataNotFoundError
+from capsnet.devices import pick_device
+from capsnet.layers.gemm_conv import CONV_IMPLS
+from capsnet.loading import CheckpointError, load_model
+from capsnet.models.precision import PRECISIONS
+from capsnet.training.loop import NonFiniteLossError
+from capsnet.training.settings import TrainSettings, resumed_settings
+from capsnet.tuning import tune_for_inference
+
+# Errors shown as 'capsnet: error: <message>' with no traceback.
+USER_ERRORS = (IDXError, DataNotFoundError, CheckpointError, NonFiniteLossError, FileNotFoundError,
+               ValueError)
+DEFAULTS = TrainSettings()
+# Options a resumed run takes from the resuming command only when they are given there.
+RESUME_OPTIONAL_OVERRIDES = ("lr_decay",)
+
+
+def add_data_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", default="mnist", choices=sorted(DATASET_NAMES),
+                        help="dataset name (default: mnist)")
+    parser.add_argument("--data-dir", default=None,
+                        help="directory holding the dataset's files; default: "
+                             "$CAPSNET_DATA_DIR, then the user cache, then download")
+    parser.add_argument("--no-download", dest="download", action="store_false",
+                        help="never download; fail if the files are not found")
+
+
+def add_device_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto",
+                        help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
+
+
+def add_speed_args(parser: argparse.ArgumentParser) -> None:
+    """--precision and --conv-impl: measured on this machine unless forced."""
+    parser.add_argument("--precision", default="auto", choices=["auto", *PRECISIONS],
+                        help="auto: bf16 autocast where the device computes bf16 natively and "
+                             "measurably faster, else fp32 (routing, squash and losses stay "
+                             "float32)")
+    parser.add_argument("--conv-impl", default="auto", choices=["auto", *CONV_IMPLS],
+                        help="convolution path: auto (the fastest measured on this machine, "
+                             "cached), gemm (per-kernel-row matrix products, CPU), native "
+                             "(oneDNN/cuDNN, NCHW) or channels_last")
+
+
+def add_model_args(parser: argparse.ArgumentParser, checkpoint: Optional[str] = "option") -> None:
+    """The model to use (a checkpoint, a weights file or the shipped model) as --checkpoint
+    (``checkpoint`` 'option'), as an optional positional ('positional'), or not at all (None:
+    the command names its checkpoints itself); the device and the speed options."""
+    help_text = ("a .pt checkpoint from `capsnet train` or a .safetensors weights file "
+                 "(default: the trained model shipped with capsnet)")
+    if checkpoint == "positional":
+        parser.add_argument("checkpoint", nargs="?", default=None, help=help_text)
+    elif checkpoint == "option":
+        parser.add_argument("--checkpoint", default=None, metavar="PATH", help=help_text)
+    add_device_arg(parser)
+    add_speed_args(parser)
+
+
+def load_cli_model(args: argparse.Namespace, source: Optional[str] = None) -> nn.Module:
+    """The model named by --checkpoint (or ``source``, or the shipped one) on the --device,
+    in eval mode, running as --precision and --conv-impl say. A measurement (once per
+    machine; cached) is reported on stderr, away from JSON output."""
+    model = load_model(source if source is not None else args.checkpoint,
+                       pick_device(args.device))
+    plan = tune_for_inference(model, next(model.parameters()).device, args.precision,
+                              args.conv_impl)
+    if plan.source == "measured":
+        print(f"capsnet: inference speed plan: {plan.describe()}", file=sys.stderr)
+    return model
+
+
+def add_recipe_args(p: argparse.ArgumentParser, models=("capsnet", "cnn")) -> None:
+    """Model, data and optimisation options of every training command."""
+    p.add_argument("--model", default=models[0], choices=list(models))
+    p.add_argument("--preset", default=DEFAULTS.preset, choices=sorted(PRESETS),
+                   help="layer sizes: 'paper' or the narrow 'small' for quick CPU runs")
+    add_data_args(p)
+    p.add_argument("--epochs", type=int, default=DEFAULTS.epochs)
+    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size,
+                   help="global batch (split over the processes under torchrun)")
+    p.add_argument("--lr", type=float, default=DEFAULTS.lr, help="Adam learning rate")
+    p.add_argument("--lr-decay", type=float, default=None,
+                   help=f"learning-rate factor applied after each epoch (default "
+                        f"{DEFAULTS.lr_decay}; with --resume: the run's own unless given)")
+    p.add_argument("--routing-iterations", type=int, default=DEFAULTS.routing_iterations)
+    p.add_argument("--reconstruction-weight", type=float, default=DEFAULTS.reconstruction_weight,
+                   help="0 trains CapsNet without the decoder")
+    p.add_argument("--subset", type=int, default=None,
+                   help="train on the first N images of the training pool")
+    p.add_argument("--val-size", type=int, default=DEFAULTS.val_size,
+                   help="validation images held out of the training set (0: train on all)")
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    add_device_arg(p)
+    add_speed_args(p)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def add_run_args(p: argparse.ArgumentParser, out_dir: str) -> None:
+    """Where a run goes, and --resume."""
+    p.add_argument("--out-dir", default=None,
+                   help=f"run directory (default: {out_dir}; with --resume: the directory of "
+                        "the resumed checkpoint)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",
+                   help="continue a stopped run (its settings are reused; --epochs may extend "
+                        "it and --lr-decay may change the decay from the next epoch on)")
+    p.set_defaults(default_out_dir=out_dir)
+
+
+def add_target_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target-accuracy", type=float, default=None, metavar="ACC",
+                   help="stop after the first epoch whose validation accuracy reaches ACC "
+                        "(e.g. 0.99), to compare models at the same accuracy")
+
+
+def settings_from_args(args: argparse.Namespace, **fixed) -> TrainSettings:
+    """The run's settings: those given on the command line (``fixed`` values override them;
+    options left at None take the dataclass default), or with --resume the stopped run's own
+    settings with --epochs, --device, --no-progress and, when given, --lr-decay."""
+    values = {k: v for k, v in vars(args).items()
+              if k in TrainSettings.__dataclass_fields__ and v is not None}
+    given = TrainSettings(**{**values, **fixed})
+    if getattr(args, "resume", None):
+        also = [name for name in RESUME_OPTIONAL_OVERRIDES if getattr(args, name) is not None]
+        return resumed_settings(args.resume, given, also, args.out_dir)
+    out_dir = getattr(args, "out_dir", None) or getattr(args, "default_out_dir", None)
+    if out_dir:
+        given.out_dir = out_dir
+    return given

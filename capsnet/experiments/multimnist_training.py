@@ -1,0 +1,141 @@
+"""Training and evaluating a CapsNet on MultiMNIST: a fresh pairing of the training digits
+every epoch, validation pairs from held-out digits, the paper's top-2 test metric."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from capsnet.data.augment import to_model_input
+from capsnet.data.splits import epoch_order
+from capsnet.experiments import SEED_STRIDE, TEST_SEED
+from capsnet.experiments.multimnist import (DigitPairs, canvas_size, make_pairs, model_inputs,
+                                            pair_loss, pair_set, pairs_correct, top_two)
+from capsnet.training import distributed
+from capsnet.training.distributed import World
+from capsnet.training.fit import prepare_data
+from capsnet.training.loop import NonFiniteLossError
+from capsnet.training.runner import Log, Progress, Task, run_task
+from capsnet.training.settings import TrainSettings
+
+TEST_PAIRS = 10_000
+
+
+def train_pairs_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
+                      labels: torch.Tensor, order: torch.Tensor, batch_size: int, max_shift: int,
+                      reconstruction_weight: float,
+                      generator: Optional[torch.Generator] = None) -> dict:
+    """One epoch over pairs whose first digits are ``images[order]`` (images (N, 28, 28)
+    uint8, labels (N,) on the device) and whose partners and shifts are drawn from
+    ``generator``. Returns {'train_loss', 'train_accuracy'} (accuracy: both digits right)."""
+    model.train()
+    device = images.device
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    for idx in order.split(batch_size):
+        pairs = make_pairs(images, labels, idx, max_shift, generator)  # B pairs (B, S, S)
+        x, digits = model_inputs(pairs)  # (B, 1, S, S), (B, 2, 1, S, S)
+        loss, out = pair_loss(model, x, pairs.labels, digits, reconstruction_weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.detach() * idx.numel()
+        correct += pairs_correct(out.lengths.detach(), pairs.labels).sum()
+    mean_loss = loss_sum.item() / max(order.numel(), 1)
+    if not math.isfinite(mean_loss):
+        raise NonFiniteLossError(f"MultiMNIST training loss became {mean_loss}")
+    return {"train_loss": mean_loss, "train_accuracy": correct.item() / max(order.numel(), 1)}
+
+
+@torch.no_grad()
+def evaluate_pairs(model: nn.Module, pairs: DigitPairs, batch_size: int = 500) -> dict:
+    """The paper's MultiMNIST metric: a pair counts as right when the two most active
+    capsules are its two digits. Returns {'accuracy', 'error', 'pairs'}."""
+    model.eval()
+    correct = torch.zeros((), device=pairs.images.device, dtype=torch.long)
+    for start in range(0, len(pairs), batch_size):
+        batch = pairs.subset(slice(start, start + batch_size))
+        out = model(to_model_input(batch.images))  # lengths (B, J)
+        correct += pairs_correct(out.lengths, batch.labels).sum()
+    accuracy = correct.item() / max(len(pairs), 1)
+    return {"accuracy": accuracy, "error": 1.0 - accuracy, "pairs": len(pairs)}
+
+
+@torch.no_grad()
+def reconstruct_pairs(model: nn.Module, pairs: DigitPairs) -> tuple[torch.Tensor, ...]:
+    """Reconstructions of each pair from its two most active capsules, one at a time:
+    first (K, S, S), second (K, S, S) floats in [0, 1], and those capsules (K, 2)."""
+    model.eval()
+    if getattr(model, "decoder", None) is None:
+        raise ValueError("this model has no decoder (trained with --reconstruction-weight 0)")
+    out = model(to_model_input(pairs.images))  # poses (K, J, D)
+    chosen = top_two(out.lengths)  # (K, 2)
+    first = model.decoder(out.poses, chosen[:, 0])[:, 0]  # (K, S, S)
+    second = model.decoder(out.poses, chosen[:, 1])[:, 0]  # (K, S, S)
+    return first, second, chosen
+
+
+class MultiMnistTask(Task):
+    """Fresh pairs of the training digits every epoch (``max_shift`` is each digit's shift),
+    validation pairs from the held-out digits, the validation-selected model tested on
+    ``test_pairs`` pairs of test digits with the paper's top-2 metric."""
+
+    name = "multimnist"
+
+    def prepare(self, device: torch.device) -> None:
+        s = self.settings
+        if s.model != "capsnet":
+            raise ValueError("MultiMNIST training is for CapsNet (its two active capsules)")
+        if s.val_size < 1:
+            raise ValueError("MultiMNIST training needs held-out validation digits "
+                             "(val_size > 0)")
+        self.data = d = prepare_data(s, device)
+        self.images, self.labels = d.train.images[d.train_idx], d.train.labels[d.train_idx]
+        self.val = pair_set(d.train.images[d.val_idx], d.train.labels[d.val_idx],
+                            len(d.val_idx), s.seed, s.max_shift)
+        self.epoch_size = len(self.labels)
+
+    def model_overrides(self) -> dict:
+        return {"image_size": canvas_size(self.images.shape[-1], self.settings.max_shift),
+                "num_classes": len(self.data.train.classes)}
+
+    def describe(self, world: World) -> str:
+        side = canvas_size(self.images.shape[-1], self.settings.max_shift)
+        return (f"MultiMNIST: {len(self.images)} training digits paired afresh each epoch, "
+                f"{len(self.val)} validation pairs, {side}x{side} images; device {world.device}")
+
+    def train_epoch(self, model: nn.Module, optimizer, epoch: int, world: World,
+                    on_progress: Progress) -> dict:
+        s, device = self.settings, world.device
+        order = epoch_order(len(self.images), s.seed, epoch, device)
+        order = distributed.shard_order(order, world.rank, world.size)
+        g = torch.Generator(device=device).manual_seed(s.seed * SEED_STRIDE + epoch + world.rank)
+        result = train_pairs_epoch(model, optimizer, self.images, self.labels, order,
+                                   distributed.per_rank_batch(s.batch_size, world), s.max_shift,
+                                   s.reconstruction_weight, g)
+        return {**result, "images": len(order)}
+
+    def validate(self, model: nn.Module, world: World) -> dict:
+        return {"val_accuracy": evaluate_pairs(model, self.val)["accuracy"]}
+
+    def final_report(self, final: nn.Module, best: Optional[nn.Module], state: dict,
+                     log: Log) -> dict:
+        s, d = self.settings, self.data
+        test = pair_set(d.test.images, d.test.labels, s.test_pairs or TEST_PAIRS, TEST_SEED,
+                        s.max_shift)
+        result = evaluate_pairs(best if best is not None else final, test)
+        log(f"MultiMNIST test: {100 * result['accuracy']:.2f}% of {len(test)} pairs with both "
+            f"digits right (error {100 * result['error']:.2f}%), validation-selected epoch "
+            f"{state['best_epoch']}")
+        return {"test": result, "test_seed": TEST_SEED}
+
+
+def train_multimnist(settings: TrainSettings, resume: Optional[str] = None,
+                     argv: Optional[list[str]] = None,
+                     log: Callable[[str], None] = print) -> dict:
+    """Train a CapsNet on MultiMNIST as ``settings`` say; returns (and writes) results.json."""
+    return run_task(MultiMnistTask(dataclasses.replace(settings, task="multimnist")), resume,
+                    argv, log)

@@ -1,0 +1,132 @@
+"""One way to load a model: :func:`load_model` takes the shipped weights (None), a training
+checkpoint (.pt), a weights file (.safetensors) or a model, and gives a model in eval mode.
+
+Checkpoints are dicts saved by ``capsnet.training.checkpoint.save_checkpoint`` with a format
+marker and version, the model's name and configuration and its state_dict; weights files are
+safetensors with the same description in their metadata. Every problem with a file is a
+:class:`CheckpointError` whose one-line message names the file.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+from torch import nn
+
+from capsnet.config import config_from_dict
+from capsnet.models import MODELS, build_model
+
+CHECKPOINT_FORMAT = "capsnet-checkpoint"
+CHECKPOINT_VERSION = 1
+WEIGHTS_FORMAT = "capsnet-weights"
+WEIGHTS_SUFFIX = ".safetensors"
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+DEFAULT_WEIGHTS = WEIGHTS_DIR / "capsnet-mnist.safetensors"
+
+ModelSource = Union[None, str, os.PathLike, nn.Module]
+
+
+class CheckpointError(ValueError):
+    """A file that is not a usable capsnet checkpoint (one line, names the file)."""
+
+
+def load_model(source: ModelSource = None, device: Any = "cpu") -> nn.Module:
+    """A model in eval mode on ``device``: ``source`` None is the trained CapsNet shipped with
+    the package, a path is a checkpoint (.pt) or a weights file (.safetensors), a module is
+    taken as it is (moved to ``device``)."""
+    if isinstance(source, nn.Module):
+        return source.to(device).eval()
+    if source is None:
+        if not DEFAULT_WEIGHTS.is_file():
+            raise CheckpointError("no trained model ships with this installation; "
+                                  "pass a checkpoint written by `capsnet train`")
+        source = DEFAULT_WEIGHTS
+    if Path(source).suffix == WEIGHTS_SUFFIX:
+        return _model_from_weights(Path(source), device)
+    return model_from_checkpoint(source, map_location=device)
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
+    """Load and validate a checkpoint dict; raises CheckpointError with a clear message."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises many types for corrupt files
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else 'corrupt'})") from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path}: not a capsnet checkpoint (no '{CHECKPOINT_FORMAT}' marker)")
+    version = payload.get("format_version")
+    if version != CHECKPOINT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {version} is not supported "
+                              f"(this capsnet reads version {CHECKPOINT_VERSION})")
+    if payload.get("model") not in MODELS:
+        raise CheckpointError(f"{path}: unknown model {payload.get('model')!r}")
+    return payload
+
+
+def model_from_checkpoint(path_or_payload, map_location: Any = "cpu",
+                          expected_model: Optional[str] = None) -> nn.Module:
+    """Rebuild the model a checkpoint describes and load its weights (eval mode)."""
+    from_file = not isinstance(path_or_payload, dict)
+    payload = load_checkpoint(path_or_payload, map_location) if from_file else path_or_payload
+    where = f"{path_or_payload}: " if from_file else ""
+    name = payload["model"]
+    if expected_model is not None and name != expected_model:
+        raise CheckpointError(f"{where}checkpoint holds a {name!r} model, "
+                              f"expected {expected_model!r}")
+    if "state_dict" not in payload or "config" not in payload:
+        raise CheckpointError(f"{where}checkpoint does not match the {name} model: it holds no "
+                              f"{'state_dict' if 'config' in payload else 'config'}")
+    model = _build_and_load(name, payload["config"], payload["state_dict"], where)
+    return model.to(map_location if isinstance(map_location, (str, torch.device)) else "cpu").eval()
+
+
+def weights_info(path: str | os.PathLike = DEFAULT_WEIGHTS) -> dict:
+    """The metadata stored with a weights file: model, config and info."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as exc:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
+    if meta.get("format") != WEIGHTS_FORMAT:
+        raise CheckpointError(f"{path}: not a capsnet weights file")
+    return {"model": meta["model"], "config": json.loads(meta["config"]),
+            "info": json.loads(meta.get("info", "{}"))}
+
+
+def _model_from_weights(path: Path, device: Any) -> nn.Module:
+    """Rebuild a model from a safetensors weights file, in float32, in eval mode."""
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such weights file")
+    meta = weights_info(path)
+    state = {k: v.float() for k, v in load_file(str(path)).items()}
+    return _build_and_load(meta["model"], meta["config"], state, f"{path}: ").to(device).eval()
+
+
+def _build_and_load(name: str, config: dict, state_dict: dict, where: str) -> nn.Module:
+    try:
+        model = build_model(config_from_dict(name, config))
+        model.load_state_dict(state_dict)
+    except (ValueError, TypeError, RuntimeError, KeyError) as exc:
+        raise CheckpointError(f"{where}checkpoint does not match the {name} model: "
+                              f"{error_summary(exc)}") from None
+    return model
+
+
+def error_summary(exc: BaseException) -> str:
+    """One telling line of an exception. load_state_dict's first line is only a heading
+    ('Error(s) in loading state_dict for CapsNet:'); the first mismatch is on the next."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    return lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]

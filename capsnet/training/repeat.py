@@ -1,0 +1,81 @@
+"""One recipe over several seeds: each run selects its own epoch by validation; the test
+errors are summarised as mean and sample standard deviation, and their ensemble (averaged
+capsule lengths) is scored as a separate number."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from capsnet.data.datasets import load_split
+from capsnet.devices import pick_device
+from capsnet.loading import model_from_checkpoint
+from capsnet.training.fit import fit
+from capsnet.training.loop import predict_scores
+from capsnet.training.settings import TrainSettings
+
+
+def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | Path,
+                  argv: Optional[list[str]] = None) -> dict:
+    """Train ``settings`` once per seed into ``out_dir/seed-N``, then summarise (also
+    written to ``out_dir/summary.json``)."""
+    if not seeds:
+        raise ValueError("at least one seed is needed")
+    out = Path(out_dir)
+    checkpoints, errors = [], []
+    for seed in seeds:
+        run = dataclasses.replace(settings, seed=seed, out_dir=str(out / f"seed-{seed}"))
+        results = fit(run, argv=argv)
+        errors.append(results.get("best", results["final"])["error"])
+        checkpoints.append(Path(run.out_dir) / "best.pt")
+    summary = summarise(settings, list(seeds), errors, checkpoints)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def summarise(settings: TrainSettings, seeds: list[int], errors: list[float],
+              checkpoints: list[Path]) -> dict:
+    """Mean ± std of the runs' test errors and the test error of their ensemble."""
+    device = pick_device(settings.device)
+    test = load_split(settings.dataset, "test", settings.data_dir, settings.download).to(device)
+    models = [model_from_checkpoint(c, map_location=device) for c in checkpoints]
+    mean, std = mean_std(errors)
+    protocol = ("validation-selected epoch per seed" if settings.val_size > 0
+                else "final epoch per seed (no validation split)")
+    return {"seeds": seeds, "protocol": protocol, "test_errors": errors,
+            "test_error_mean": mean, "test_error_std": std,
+            "ensemble_test_error": 1.0 - ensemble_accuracy(models, test.images, test.labels),
+            "ensemble_size": len(models)}
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1 in the denominator; 0 for one value)."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("no values")
+    mean = sum(values) / n
+    if n == 1:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+def ensemble_scores(models: Sequence[nn.Module], images: torch.Tensor,
+                    batch_size: int = 500) -> torch.Tensor:
+    """Class scores (N, J) averaged over ``models`` (capsule lengths for CapsNets)."""
+    total = None
+    for model in models:
+        scores = predict_scores(model, images, batch_size)  # (N, J)
+        total = scores if total is None else total + scores
+    return total / len(models)
+
+
+def ensemble_accuracy(models: Sequence[nn.Module], images: torch.Tensor,
+                      labels: torch.Tensor) -> float:
+    """Accuracy of the averaged scores of ``models`` on uint8 images (N, H, W)."""
+    predicted = ensemble_scores(models, images).argmax(dim=-1)
+    return (predicted == labels).float().mean().item()

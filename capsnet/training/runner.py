@@ -1,0 +1,309 @@
+"""The one epoch driver. Every training run, the paper's recipe, affNIST and MultiMNIST
+alike, goes through :func:`run_task`: the run directory, DistributedDataParallel under
+torchrun, the measured speed plan, resume (model, optimiser, scheduler, random state,
+epoch), selection by validation accuracy, an optional stop at a target accuracy, atomic
+checkpoints, the metrics log, a stop with the last good checkpoint named on a non-finite
+loss, and the test set evaluated once at the end.
+
+What differs between runs is a :class:`Task`: which data, which model size, one epoch of
+training, validation and the final test.
+"""
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from capsnet.config import config_to_dict, make_config
+from capsnet.devices import tune_backends
+from capsnet.loading import CheckpointError, load_checkpoint, model_from_checkpoint
+from capsnet.models import build_model, unwrap
+from capsnet.training import distributed
+from capsnet.training.checkpoint import save_checkpoint
+from capsnet.training.distributed import World
+from capsnet.training.loop import NonFiniteLossError
+from capsnet.training.metrics_log import MetricsLog
+from capsnet.training.progress import epoch_progress
+from capsnet.training.settings import TrainSettings, resume_checkpoint
+from capsnet.tuning import (SpeedPlan, apply_plan, choose_plan, machine_description,
+                            tune_for_inference)
+
+Log = Callable[[str], None]
+# on_progress(examples_done, mean_loss, accuracy), or None
+Progress = Optional[Callable[[int, float, float], None]]
+
+
+class Task:
+    """One kind of training run. :func:`run_task` calls, in order: :meth:`prepare` (once per
+    machine first, as it may download), :meth:`model_overrides`, :meth:`describe`, then per
+    epoch :meth:`train_epoch` and :meth:`validate`, and at the end :meth:`final_report`."""
+
+    name = "task"
+
+    def __init__(self, settings: TrainSettings):
+        self.settings = settings
+
+    def prepare(self, device: torch.device) -> None:
+        """Load the data onto ``device``."""
+        raise NotImplementedError
+
+    def model_overrides(self) -> dict:
+        """Config values the data decides (image size, channels, classes)."""
+        raise NotImplementedError
+
+    def describe(self, world: World) -> str:
+        """One log line: what trains on what."""
+        raise NotImplementedError
+
+    def train_epoch(self, model: nn.Module, optimizer, epoch: int, world: World,
+                    on_progress: Progress) -> dict:
+        """One epoch; returns {'train_loss', 'train_accuracy', 'images'} of this rank."""
+        raise NotImplementedError
+
+    def validate(self, model: nn.Module, world: World) -> dict:
+        """{'val_accuracy', ...} of the plain (unwrapped) model; {} without validation."""
+        raise NotImplementedError
+
+    def final_report(self, final: nn.Module, best: Optional[nn.Module], state: dict,
+                     log: Log) -> dict:
+        """Test once: results to merge into results.json. ``best`` is the
+        validation-selected model (None when it is the final one or there is none)."""
+        raise NotImplementedError
+
+
+def run_task(task: Task, resume: Optional[str] = None, argv: Optional[list[str]] = None,
+             log: Log = print) -> dict:
+    """Train ``task`` as its settings say, writing everything to ``settings.out_dir``.
+    Returns the results (also written to results.json).
+
+    Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set) every process calls this: they train
+    one DistributedDataParallel model, each rank on its shard of every epoch with a batch
+    of ``batch_size / world``; only rank 0 logs and writes files, and every rank returns
+    rank 0's results."""
+    world = distributed.setup(task.settings.device)
+    finished = False
+    try:
+        results = _run(task, resume, argv, log if world.is_main else _quiet, world)
+        finished = True
+        return results
+    finally:
+        distributed.teardown(world, wait_for_all=finished)
+
+
+def _quiet(_: str) -> None:
+    """The log of ranks other than 0."""
+
+
+def _run(task: Task, resume: Optional[str], argv, log: Log, world: World) -> dict:
+    settings, device = task.settings, world.device
+    tune_backends(device)
+    torch.manual_seed(settings.seed)
+    random.seed(settings.seed)
+    run_dir = Path(settings.out_dir)
+    if world.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    distributed.per_rank_batch(settings.batch_size, world)  # fail early if not divisible
+    with distributed.local_main_first(world):  # one download per machine
+        task.prepare(device)
+    model, optimizer, scheduler = build_training(settings, task.model_overrides(), device)
+    state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None, "reached_target": False}
+    saved_plan = None
+    if resume is not None:
+        state, saved_plan = _restore(resume_checkpoint(resume), task, model, optimizer, scheduler,
+                                     device)
+        scheduler.gamma = settings.lr_decay  # a resumed run may anneal at a new rate from here
+        log(f"resuming {resume} after epoch {state['epoch']}")
+    plan = speed_plan_for(settings, model, world, saved_plan)
+    apply_plan(model, plan)
+    log(f"speed: {plan.describe()}")
+    if world.is_main:
+        describe_run(run_dir, settings, model, plan, argv)
+    log(task.describe(world))
+    train_model = distributed.wrap_model(model, world)
+    step_model = torch.compile(train_model) if settings.compile else train_model
+    _epochs(task, step_model, model, optimizer, scheduler, plan, state, world, log)
+    results = None
+    if world.is_main:
+        results = _final_report(task, model, state, log)
+    return distributed.broadcast_object(results, world)
+
+
+def build_training(settings: TrainSettings, overrides: dict, device: torch.device):
+    """Model, Adam and an exponential learning-rate decay stepped once per epoch."""
+    config = make_config(settings.model, settings.preset, **overrides,
+                         routing_iterations=settings.routing_iterations,
+                         use_decoder=settings.reconstruction_weight > 0)
+    model = build_model(config).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    return model, optimizer, torch.optim.lr_scheduler.ExponentialLR(optimizer, settings.lr_decay)
+
+
+def _epochs(task: Task, step_model, model, optimizer, scheduler, plan: SpeedPlan, state: dict,
+            world: World, log: Log) -> None:
+    """Train until the last epoch or the target accuracy, checkpointing every epoch."""
+    settings, run_dir = task.settings, Path(task.settings.out_dir)
+    metrics = MetricsLog(run_dir) if world.is_main else None
+    try:
+        for epoch in range(state["epoch"] + 1, settings.epochs + 1):
+            if state["reached_target"]:
+                break
+            row = _train_and_validate(task, step_model, model, optimizer, epoch, world)
+            scheduler.step()
+            improved = _select(row, state, epoch)
+            target = settings.target_accuracy
+            state["epoch"] = epoch
+            state["reached_target"] = target is not None and row.get("val_accuracy", -1) >= target
+            if world.is_main:
+                ckpt = dict(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+                            rng=rng_state(), train_settings=settings.to_dict(), metrics=row,
+                            speed_plan=plan.as_dict(), **state)
+                save_checkpoint(run_dir / "last.pt", model, **ckpt)
+                if improved:
+                    save_checkpoint(run_dir / "best.pt", model, **ckpt)
+                metrics.log(row)
+            log(epoch_line(row, improved))
+            if state["reached_target"]:
+                log(f"validation accuracy {row['val_accuracy']:.4f} reached the target "
+                    f"{target:.4f}; stopping after epoch {epoch}")
+    except NonFiniteLossError as exc:
+        raise NonFiniteLossError(f"{exc}; stopped. The last good checkpoint is "
+                                 f"{run_dir / 'last.pt'} (epoch {state['epoch']}).") from None
+    finally:
+        if metrics is not None:
+            metrics.close()
+
+
+def _train_and_validate(task: Task, step_model, model, optimizer, epoch: int,
+                        world: World) -> dict:
+    lr = optimizer.param_groups[0]["lr"]
+    start = time.perf_counter()
+    with epoch_progress(task.settings.progress and world.is_main, epoch,
+                        _epoch_size(task, world)) as on_progress:
+        train = task.train_epoch(step_model, optimizer, epoch, world, on_progress)
+    seconds = time.perf_counter() - start
+    loss, accuracy = distributed.all_reduce_mean([train["train_loss"], train["train_accuracy"]],
+                                                 world)
+    row = {"epoch": epoch, "lr": lr, "train_loss": loss, "train_accuracy": accuracy,
+           "epoch_seconds": round(seconds, 3),
+           "images_per_second": round(train["images"] * world.size / seconds, 1)}
+    # The plain module: ranks evaluate different numbers of batches, outside DDP.
+    row.update(task.validate(unwrap(model), world))
+    return row
+
+
+def _epoch_size(task: Task, world: World) -> Optional[int]:
+    size = getattr(task, "epoch_size", None)
+    return None if size is None else -(-size // world.size)
+
+
+def _select(row: dict, state: dict, epoch: int) -> bool:
+    """Update the best epoch by validation accuracy (the last epoch when there is no validation)."""
+    score = row.get("val_accuracy")
+    if score is None:
+        state.update(best_epoch=epoch)
+        return True
+    if score > state["best_val_accuracy"]:
+        state.update(best_val_accuracy=score, best_epoch=epoch)
+        return True
+    return False
+
+
+def epoch_line(row: dict, improved: bool) -> str:
+    """One log line per epoch."""
+    parts = [f"epoch {row['epoch']}", f"loss {row['train_loss']:.4f}",
+             f"train acc {row['train_accuracy']:.4f}"]
+    if "val_accuracy" in row:
+        parts.append(f"val acc {row['val_accuracy']:.4f}" + (" (best)" if improved else ""))
+    if "test_accuracy_monitoring" in row:
+        parts.append(f"test acc {row['test_accuracy_monitoring']:.4f} (monitoring only)")
+    parts.append(f"{row['epoch_seconds']:.1f}s, {row['images_per_second']:.0f} img/s")
+    return " | ".join(parts)
+
+
+def _final_report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
+    """The test set, once, for the final and (when it differs) the validation-selected
+    model, both running as `capsnet evaluate` runs them with the run's --precision and
+    --conv-impl (the inference plan), so that the two agree."""
+    settings, run_dir = task.settings, Path(task.settings.out_dir)
+    device = next(model.parameters()).device
+    best = None
+    best_path = run_dir / "best.pt"
+    if state["best_epoch"] not in (None, state["epoch"]) and best_path.exists():
+        best = model_from_checkpoint(best_path, map_location=device)
+    for m in (model, best):
+        if m is not None:
+            tune_for_inference(m.eval(), device, settings.precision, settings.conv_impl)
+    results = {"task": task.name, "epochs": state["epoch"], "best_epoch": state["best_epoch"],
+               "best_val_accuracy": state["best_val_accuracy"],
+               "reached_target": state["reached_target"],
+               **task.final_report(model, best, state, log)}
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Inverse of :func:`rng_state`. RNG states must be CPU byte tensors, but a checkpoint
+    loaded with map_location='cuda' has moved them to the GPU: bring them back."""
+    torch.set_rng_state(state["torch"].cpu())
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def _restore(path: Path, task: Task, model, optimizer, scheduler,
+             device) -> tuple[dict, Optional[dict]]:
+    """Load a checkpoint into the run's objects; returns the epoch state and the run's
+    speed plan (None for checkpoints written before plans)."""
+    payload = load_checkpoint(path, map_location=device)
+    saved_task = payload.get("train_settings", {}).get("task", "classify")
+    if saved_task != task.name:
+        raise CheckpointError(f"{path}: a {saved_task} run; resume it with the command that "
+                              f"started it, not as a {task.name} run")
+    unwrap(model).load_state_dict(payload["state_dict"])
+    optimizer.load_state_dict(payload["optimizer"])
+    scheduler.load_state_dict(payload["scheduler"])
+    set_rng_state(payload["rng"])
+    state = {k: payload[k] for k in ("epoch", "best_val_accuracy", "best_epoch")}
+    state["reached_target"] = payload.get("reached_target", False)
+    return state, payload.get("speed_plan")
+
+
+def speed_plan_for(settings: TrainSettings, model, world: World,
+                   saved: Optional[dict] = None) -> SpeedPlan:
+    """How the run computes: a resumed run on the same machine keeps its plan (the same
+    kernels, so the same numbers); otherwise rank 0 measures (or reads its cache) and
+    every rank follows it."""
+    plan = None
+    if world.is_main:
+        if saved is not None and saved.get("machine") == machine_description(world.device):
+            plan = SpeedPlan.from_dict({**saved, "source": "checkpoint"})
+        else:
+            plan = choose_plan(unwrap(model), world.device,
+                               distributed.per_rank_batch(settings.batch_size, world),
+                               precision=settings.precision, conv_impl=settings.conv_impl)
+    return distributed.broadcast_object(plan, world)
+
+
+def describe_run(run_dir: Path, settings: TrainSettings, model, plan: SpeedPlan,
+                 argv: Optional[list[str]]) -> None:
+    """Write the resolved settings, model config, speed plan and command line into the run
+    directory."""
+    (run_dir / "config.json").write_text(json.dumps(
+        {"settings": settings.to_dict(), "model_config": config_to_dict(unwrap(model).config),
+         "speed": plan.as_dict()}, indent=2) + "\n")
+    command = " ".join(["capsnet", *(argv if argv is not None else sys.argv[1:])])
+    with open(run_dir / "command.txt", "a") as f:
+        f.write(command + "\n")

@@ -1,0 +1,129 @@
+"""The one epoch driver: selection by validation, the target-accuracy stop, and affNIST and
+MultiMNIST runs that resume exactly like `capsnet train`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from capsnet.cli.main import main
+from capsnet.experiments.affnist import train_affnist
+from capsnet.experiments.multimnist_training import train_multimnist
+from capsnet.loading import CheckpointError, load_checkpoint
+from capsnet.training.metrics_log import read_metrics
+from capsnet.training.runner import Task, run_task
+from capsnet.training.settings import TrainSettings
+
+FIXED_KERNELS = {"precision": "fp32", "conv_impl": "gemm"}
+
+
+class ScriptedTask(Task):
+    """A task whose validation accuracies are given: a real model and optimiser step, no data."""
+
+    name = "classify"
+
+    def __init__(self, settings, scores):
+        super().__init__(settings)
+        self.scores = iter(scores)
+
+    def prepare(self, device):
+        pass
+
+    def model_overrides(self):
+        return {"image_size": 28, "num_classes": 10}
+
+    def describe(self, world):
+        return "scripted"
+
+    def train_epoch(self, model, optimizer, epoch, world, on_progress):
+        optimizer.zero_grad()
+        model(torch.rand(2, 1, 28, 28)).square().sum().backward()
+        optimizer.step()
+        return {"train_loss": 0.0, "train_accuracy": 0.0, "images": 2}
+
+    def validate(self, model, world):
+        return {"val_accuracy": next(self.scores)}
+
+    def final_report(self, final, best, state, log):
+        return {"best_is_separate": best is not None}
+
+
+def scripted(tmp_path, scores, **settings):
+    values = dict(model="cnn", preset="small", epochs=len(scores), lr_decay=0.5,
+                  out_dir=str(tmp_path), progress=False, **FIXED_KERNELS)
+    return ScriptedTask(TrainSettings(**{**values, **settings}), scores)
+
+
+def test_the_best_validation_epoch_is_kept(tmp_path):
+    results = run_task(scripted(tmp_path, [0.3, 0.6, 0.4]), log=lambda _: None)
+    assert (results["epochs"], results["best_epoch"], results["best_val_accuracy"]) == (3, 2, 0.6)
+    assert results["reached_target"] is False and results["best_is_separate"] is True
+    best = torch.load(tmp_path / "best.pt", weights_only=True)
+    assert best["metrics"]["epoch"] == 2 and best["metrics"]["lr"] == pytest.approx(5e-4)
+    assert (tmp_path / "metrics.csv").read_text().count("\n") == 4
+    assert json.loads((tmp_path / "results.json").read_text())["best_epoch"] == 2
+
+
+def test_a_target_accuracy_stops_the_run(tmp_path):
+    lines = []
+    results = run_task(scripted(tmp_path, [0.3, 0.8, 0.9], target_accuracy=0.75), log=lines.append)
+    assert results["epochs"] == 2 and results["reached_target"] and results["best_epoch"] == 2
+    assert results["best_is_separate"] is False  # the final epoch is the selected one
+    assert any("reached the target" in line for line in lines)
+    # resuming a run that reached its target trains no further
+    again = run_task(scripted(tmp_path, [], target_accuracy=0.75, epochs=3), resume=str(tmp_path),
+                     log=lambda _: None)
+    assert again["epochs"] == 2
+
+
+def assert_same_run(resumed_dir, uninterrupted_dir):
+    resumed, uninterrupted = (load_checkpoint(d / "last.pt") for d in (resumed_dir,
+                                                                        uninterrupted_dir))
+    assert resumed["epoch"] == uninterrupted["epoch"]
+    for name, tensor in uninterrupted["state_dict"].items():
+        torch.testing.assert_close(resumed["state_dict"][name], tensor, rtol=0, atol=0,
+                                   msg=lambda m: f"{name}: {m}")
+    assert ([r["train_loss"] for r in read_metrics(resumed_dir)]
+            == [r["train_loss"] for r in read_metrics(uninterrupted_dir)])
+
+
+def protocol_settings(tiny_mnist_dir, out_dir, epochs, **extra):
+    return TrainSettings(preset="small", data_dir=str(tiny_mnist_dir), download=False,
+                         epochs=epochs, subset=60, val_size=40, batch_size=20,
+                         out_dir=str(out_dir), progress=False, **FIXED_KERNELS, **extra)
+
+
+@pytest.mark.parametrize("protocol", ["affnist", "multimnist"])
+def test_protocol_runs_resume_bit_exactly(protocol, tiny_mnist_dir, tmp_path):
+    train = {"affnist": train_affnist, "multimnist": train_multimnist}[protocol]
+    extra = {"affnist": {"test_limit": 20}, "multimnist": {"test_pairs": 20}}[protocol]
+    quiet = {"log": lambda _: None}
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(protocol_settings(tiny_mnist_dir, full, 2, **extra), **quiet)
+    train(protocol_settings(tiny_mnist_dir, part, 1, **extra), **quiet)
+    results = train(protocol_settings(tiny_mnist_dir, part, 2, **extra), resume=str(part),
+                    **quiet)
+    assert results["task"] == protocol and results["epochs"] == 2
+    assert_same_run(part, full)
+    assert load_checkpoint(part / "last.pt")["train_settings"]["task"] == protocol
+
+
+def test_protocol_cli_resumes_and_refuses_another_task(tiny_mnist_dir, tmp_path, capsys):
+    data = ["--data-dir", str(tiny_mnist_dir), "--no-download", "--preset", "small",
+            "--subset", "60", "--val-size", "40", "--batch-size", "20", "--no-progress",
+            "--precision", "fp32", "--conv-impl", "gemm"]
+    run = tmp_path / "mm"
+    assert main(["multimnist", "train", *data, "--epochs", "1", "--test-pairs", "20",
+                 "--out-dir", str(run)]) == 0
+    assert main(["multimnist", "train", "--resume", str(run), "--epochs", "2",
+                 "--no-progress"]) == 0
+    assert load_checkpoint(run / "last.pt")["epoch"] == 2
+    assert [int(r["epoch"]) for r in read_metrics(run)] == [1, 2]
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--epochs", "3", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "a multimnist run" in err and len(err.splitlines()) == 1
+    with pytest.raises(CheckpointError, match="a multimnist run"):
+        train_affnist(protocol_settings(tiny_mnist_dir, run, 3), resume=str(run),
+                      log=lambda _: None)
