@@ -12,8 +12,8 @@ pyplot, so they are safe in servers, threads and headless machines.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -39,7 +39,8 @@ CURVES = [
 ]
 
 
-def _save(fig: Figure, path: str | os.PathLike) -> Path:
+def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
+    """Write ``fig`` as a PNG at ``path`` (folders made as needed); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
@@ -56,7 +57,7 @@ def mosaic(tiles: np.ndarray, pad: int = 1, pad_value: int = PAD_VALUE) -> np.nd
     return out
 
 
-def _show(ax, image: np.ndarray, title: Optional[str] = None, color: str = RIGHT_COLOR) -> None:
+def _show(ax, image: np.ndarray, title: str | None = None, color: str = RIGHT_COLOR) -> None:
     ax.imshow(image, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
     ax.set_xticks([])
     ax.set_yticks([])
@@ -66,7 +67,7 @@ def _show(ax, image: np.ndarray, title: Optional[str] = None, color: str = RIGHT
 
 def reconstruction_figure(images: np.ndarray, reconstructions: np.ndarray, labels: Sequence[int],
                           predictions: Sequence[int], path: str | os.PathLike, columns: int = 10,
-                          label_reconstructions: Optional[np.ndarray] = None) -> Path:
+                          label_reconstructions: np.ndarray | None = None) -> Path:
     """Figure 3: inputs (N, H, W) uint8 each above its reconstruction (N, H, W) from the
     predicted capsule, titled 'label -> prediction', mis-classified ones in red. With
     ``label_reconstructions`` (N, H, W), a third row shows, for mis-classified inputs only,
@@ -74,7 +75,7 @@ def reconstruction_figure(images: np.ndarray, reconstructions: np.ndarray, label
     N = len(images)
     columns = max(1, min(columns, N))
     chunks = -(-N // columns)  # ceil
-    wrong = [int(l) != int(p) for l, p in zip(labels, predictions)]
+    wrong = [int(label) != int(p) for label, p in zip(labels, predictions, strict=True)]
     rows = 3 if label_reconstructions is not None and any(wrong) else 2
     fig = Figure(figsize=(columns * CELL_INCHES, rows * chunks * CELL_INCHES * 1.2))
     axes = fig.subplots(rows * chunks, columns, squeeze=False)
@@ -95,7 +96,7 @@ def reconstruction_figure(images: np.ndarray, reconstructions: np.ndarray, label
             axes[row + r, 0].set_ylabel(name, fontsize=8)
     fig.suptitle("Test images (label \u2192 prediction) over their reconstructions; "
                  "red: mis-classified", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int],
@@ -106,7 +107,7 @@ def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int],
     fig = Figure(figsize=(len(grids) * (S * GRID_CELL_INCHES + MARGIN_INCHES),
                           D * GRID_CELL_INCHES + 2 * MARGIN_INCHES), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(grids), squeeze=False)[0])
-    for ax, grid, digit in zip(axes, grids, digits):
+    for ax, grid, digit in zip(axes, grids, digits, strict=True):
         H, W = grid.shape[2:]
         ax.imshow(mosaic(grid), cmap="gray", vmin=0, vmax=255, interpolation="nearest")
         ax.set_title(f"digit {digit}", fontsize=9)
@@ -117,7 +118,7 @@ def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int],
         ax.set_xlabel("perturbation", fontsize=8)
     axes[0].set_ylabel("capsule dimension", fontsize=8)
     fig.suptitle("Each dimension of the winning capsule perturbed, then decoded", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def curve_series(rows: Sequence[dict]) -> dict[str, tuple[list[int], list[float]]]:
@@ -138,7 +139,7 @@ def curve_series(rows: Sequence[dict]) -> dict[str, tuple[list[int], list[float]
 
 
 def training_curves_figure(rows: Sequence[dict], path: str | os.PathLike,
-                           title: Optional[str] = None) -> Path:
+                           title: str | None = None) -> Path:
     """Loss and error rate (%, log scale) per epoch from a run's metrics rows."""
     series = curve_series(rows)
     if not series:
@@ -161,10 +162,10 @@ def training_curves_figure(rows: Sequence[dict], path: str | os.PathLike,
                 ax.set_yscale("log")
     if title:
         fig.suptitle(title, fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def prediction_figure(image: np.ndarray, reconstruction: Optional[np.ndarray],
+def prediction_figure(image: np.ndarray, reconstruction: np.ndarray | None,
                       lengths: Sequence[float], title: str, path: str | os.PathLike) -> Path:
     """An input (H, W) uint8 as the model saw it, its reconstruction (H, W) or None, and the
     per-class capsule lengths (J,) as bars."""
@@ -182,4 +183,4 @@ def prediction_figure(image: np.ndarray, reconstruction: Optional[np.ndarray],
     bars.set_ylim(0, 1)
     bars.set_title("capsule lengths", fontsize=8)
     fig.suptitle(title, fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
