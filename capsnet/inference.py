@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from capsnet.data.augment import PIXEL_MAX, to_model_input
+from capsnet.data.augment import to_model_input
+from capsnet.data.image_dataset import PIXEL_MAX
 from capsnet.models import CapsuleOutput, class_scores
 from capsnet.loading import ModelSource, load_model
 from capsnet.preprocess import ImageSource, PreprocessError, prepare_image

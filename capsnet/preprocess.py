@@ -25,6 +25,8 @@ from typing import Union
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from capsnet.data.image_dataset import PIXEL_MAX
+
 MNIST_SIZE = 28  # side of the output field
 FIT_SIZE = 20  # the digit's longer side after scaling
 MAX_PIXELS = 50_000_000  # larger images are refused before they are decoded
@@ -33,7 +35,6 @@ BORDER_FRACTION = 0.05  # width of the border ring that estimates the background
 INK_PERCENTILE = 99.5  # the ink's brightness, robust to a few hot pixels
 MIN_CONTRAST = 40  # grey levels (of 255) between background and ink, else "no ink"
 NOISE_FRACTION = 0.25  # stretched values below this are background noise -> 0
-PIXEL_MAX = 255.0
 MID_GREY = 128
 
 ImageSource = Union[str, os.PathLike, bytes, bytearray, Image.Image, np.ndarray]

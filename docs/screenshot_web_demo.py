@@ -1,5 +1,7 @@
 """Take docs/web-demo.png: serve the demo, draw a digit in headless Chromium, move a slider.
 
+The routing panel shows the winning capsule's last iteration (the page's default).
+
     python docs/screenshot_web_demo.py --checkpoint runs/latest/best.pt --out docs/web-demo.png
 
 Needs Debian's `chromium` and the `playwright` Python package (as tests/test_browser.py).
@@ -16,6 +18,7 @@ from capsnet.web import create_app, make_server
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+VIEWPORT = (1480, 700)  # wide enough for the four panels side by side
 # A hand-drawn '4' as strokes of (x, y) in the unit square of the drawing pad.
 STROKES = [[(0.58, 0.15), (0.26, 0.62), (0.78, 0.62)], [(0.62, 0.38), (0.6, 0.88)]]
 
@@ -34,7 +37,7 @@ def main() -> None:
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1180, "height": 640})
+            page = browser.new_page(viewport={"width": VIEWPORT[0], "height": VIEWPORT[1]})
             page.goto(f"http://127.0.0.1:{server.port}/")
             box = page.locator("#pad").bounding_box()
             for stroke in STROKES:
@@ -46,6 +49,7 @@ def main() -> None:
                                     steps=15)
                 page.mouse.up()
             expect(page.locator("#status")).to_contain_text("Predicted", timeout=60_000)
+            expect(page.locator("#routing-support")).to_have_attribute("data-input", "drawn")
             before = page.locator("#recon").get_attribute("src")
             page.locator(f"#dim-{args.slider}").focus()
             for _ in range(args.steps):

@@ -1,4 +1,5 @@
-"""The web demo end to end in a real headless Chromium: draw, predict, move a slider, upload.
+"""The web demo end to end in a real headless Chromium: draw, predict, step through the routing,
+move a slider, upload.
 
 Needs Debian's `chromium` (apt-get install chromium) and the `playwright` Python package
 (its own browser download is not used). Skipped only where either is missing.
@@ -22,6 +23,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 WAIT_MS = 60_000  # generous: the CPU may be shared with training jobs
 RECON_IS = "(src) => document.getElementById('recon').src === src"
 RECON_IS_NOT = "(src) => document.getElementById('recon').src !== src"
+CANVAS_PIXELS = "(id) => document.getElementById(id).toDataURL()"
 
 if not CHROMIUM.exists():
     pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
@@ -97,6 +99,45 @@ def test_draw_predict_and_move_a_slider(page, tmp_path):
     shot = tmp_path / "demo.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_routing_panel_steps_iterations_and_switches_capsules(page):
+    expect = sync_api.expect
+    draw_seven(page)
+    expect(page.locator("#status")).to_contain_text("Predicted")
+    panel = page.locator("#routing-panel")
+    expect(panel).to_be_visible()
+    digit = int(page.locator("#digit").inner_text())
+    capsules, iterations = page.locator("#routing-capsules button"), page.locator(
+        "#routing-iterations button")
+    expect(capsules).to_have_count(10)
+    expect(iterations).to_have_count(3)
+    expect(page.locator(f"#caps-{digit}")).to_have_class(re.compile(r"\bwinner\b"))
+    expect(page.locator(f"#caps-{digit}")).to_have_attribute("aria-pressed", "true")
+    expect(page.locator("#iter-3")).to_have_attribute("aria-pressed", "true")
+    caption = page.locator("#routing-caption")
+    expect(caption).to_contain_text(f"Capsule {digit} (the prediction), iteration 3 of 3")
+    expect(page.locator("#routing-support")).to_have_attribute("data-input", "drawn")
+    last = page.evaluate(CANVAS_PIXELS, "routing-couplings")
+
+    page.locator("#iter-1").click()  # the uniform first iteration draws another map
+    expect(caption).to_contain_text("iteration 1 of 3 (uniform)")
+    expect(page.locator("#iter-1")).to_have_attribute("aria-pressed", "true")
+    first = page.evaluate(CANVAS_PIXELS, "routing-couplings")
+    assert first != last
+    page.locator("#routing-step").click()  # Step: on to iteration 2
+    expect(caption).to_contain_text("iteration 2 of 3")
+
+    support = page.evaluate(CANVAS_PIXELS, "routing-support")
+    other = (digit + 1) % 10
+    page.locator(f"#caps-{other}").click()
+    expect(caption).to_contain_text(f"Capsule {other}, iteration 2 of 3")
+    expect(page.locator(f"#caps-{other}")).to_have_attribute("aria-pressed", "true")
+    expect(page.locator(f"#caps-{digit}")).to_have_attribute("aria-pressed", "false")
+    assert page.evaluate(CANVAS_PIXELS, "routing-support") != support
+
+    page.locator("#clear").click()
+    expect(panel).to_be_hidden()
 
 
 def test_bad_upload_shows_a_message(page):

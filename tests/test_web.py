@@ -8,14 +8,14 @@ import socket
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageDraw
-
 from image_files import png_header
+from PIL import Image, ImageDraw
 
 from capsnet.cli.main import main
 from capsnet.inference import predict
 from capsnet.loading import load_model
-from capsnet.preprocess import MAX_PIXELS
+from capsnet.preprocess import MAX_PIXELS, prepare_image
+from capsnet.routing_trace import routing_trace
 from capsnet.web import create_app
 from capsnet.web.app import MAX_UPLOAD_BYTES
 
@@ -62,7 +62,8 @@ def test_page_and_static_files(client):
     page = client.get("/")
     assert page.status_code == 200
     html = page.get_data(as_text=True)
-    for needle in ('<canvas id="pad"', 'id="bars"', 'id="recon"', 'id="sliders"', "app.js"):
+    for needle in ('<canvas id="pad"', 'id="bars"', 'id="recon"', 'id="sliders"', "app.js",
+                   'id="routing-panel"', 'id="routing-couplings"', 'id="routing-iterations"'):
         assert needle in html
     script = client.get("/static/app.js").get_data(as_text=True)
     assert "pointerdown" in script and "/api/decode" in script
@@ -84,6 +85,42 @@ def test_predict_a_drawing(client, model):
 def test_predict_a_raw_body(client):
     response = client.post("/api/predict", data=drawing_png(), content_type="image/png")
     assert response.status_code == 200 and 0 <= response.get_json()["digit"] <= 9
+
+
+def test_predict_a_raw_body_sent_as_a_form(client):
+    """curl --data-binary @digit.png sends application/x-www-form-urlencoded: still an image."""
+    png = drawing_png()
+    response = client.post("/api/predict", data=png,
+                           content_type="application/x-www-form-urlencoded")
+    assert response.status_code == 200
+    assert response.get_json()["digit"] == upload(client, png).get_json()["digit"]
+
+
+def test_multipart_without_a_file_says_so(client):
+    response = client.post("/api/predict", data={"note": "no image here"},
+                           content_type="multipart/form-data")
+    assert_json_error(response, 400, "multipart/form-data request with no file")
+
+
+def test_predict_returns_the_routing_maps(client, model):
+    png = drawing_png()
+    reply = upload(client, png).get_json()
+    maps = reply["routing"]
+    cfg = model.config
+    R, J, G = cfg.routing_iterations, cfg.num_classes, cfg.primary_grid
+    assert (maps["iterations"], maps["capsules"], maps["grid"], maps["types"]) == (
+        R, J, G, cfg.primary_types)
+    assert maps["centres"] == [8, 10, 12, 14, 16, 18] and maps["field"] == 17
+    couplings, support = np.array(maps["couplings"]), np.array(maps["support"])
+    assert couplings.shape == support.shape == (R, J, G, G)
+    np.testing.assert_allclose(couplings[0], 1.0 / J, atol=1e-5)  # iteration 1: uniform
+    np.testing.assert_allclose(np.array(maps["shares"]).sum(axis=1), 1.0, atol=1e-4)
+    trace = routing_trace(model, torch.from_numpy(prepare_image(png))[None])
+    np.testing.assert_allclose(couplings, trace.coupling_maps()[0].numpy(), atol=1e-5)
+    np.testing.assert_allclose(support, trace.support_maps()[0].numpy(), atol=1e-5)
+    assert maps["support_max"] == pytest.approx(support.max(), abs=1e-5)
+    assert maps["coupling_spread"] == pytest.approx(np.abs(couplings - 1.0 / J).max(), abs=1e-5)
+    assert int(trace.lengths[0].argmax()) == reply["digit"]
 
 
 def test_decoding_the_unchanged_pose_gives_the_reconstruction(client):

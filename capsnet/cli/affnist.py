@@ -63,11 +63,11 @@ def evaluate(args: argparse.Namespace) -> int:
         test = test.subset(range(min(args.limit, len(test))))
     rows = compare(models, test.images, test.labels, args.seed, batch_size=args.batch_size)
     if args.examples:
-        from capsnet.robustness_plots import plot_examples
+        from capsnet.figures import examples_figure
 
         sample = test.images[:EXAMPLES]
         sets = evaluation_sets(sample, models[0].image_size, args.seed)
-        plot_examples({"placed": sets["mnist"], "affine": sets["affine"]}, args.examples,
+        examples_figure({"placed": sets["mnist"], "affine": sets["affine"]}, args.examples,
                       len(sample))
     if args.json:
         print(json.dumps(rows))

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Optional
 
 from capsnet import __version__
 from capsnet.cli.args import USER_ERRORS
@@ -13,7 +12,7 @@ from capsnet.devices import keep_freed_memory
 # Modules under capsnet.cli, each with add_parser(subparsers) and run(args, argv) -> int.
 COMMANDS = [
     "train", "evaluate", "repeat",  # training and honest evaluation
-    "predict", "reconstruct", "manipulate", "plot", "serve",  # using a trained model
+    "predict", "reconstruct", "manipulate", "routing", "plot", "serve",  # using a trained model
     "robustness", "affnist", "multimnist",  # beyond plain accuracy
     "export",  # deployment
 ]
@@ -29,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     keep_freed_memory()  # every command's CPU tensors: heap reuse instead of fresh mmaps

@@ -66,9 +66,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
               f"pairs with both digits right (error {100 * result['error']:.2f}%), "
               f"seed {args.seed}")
         return 0
-    from capsnet.robustness_plots import plot_pairs
+    from capsnet.figures import pairs_figure
 
     first, second, chosen = reconstruct_pairs(model, pairs)
-    path = plot_pairs(pairs.images, first, second, pairs.labels, chosen, args.out)
+    path = pairs_figure(pairs.images, first, second, pairs.labels, chosen, args.out)
     print(f"wrote {path}")
     return 0

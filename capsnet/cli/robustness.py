@@ -40,7 +40,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    from capsnet.robustness_plots import plot_examples, plot_rotation
+    from capsnet.figures import examples_figure, rotation_figure
 
     models = named_models(args.checkpoints,
                           [load_cli_model(args, path) for path in args.checkpoints], args.labels)
@@ -59,9 +59,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     write_csv(rows, out / "robustness.csv")
     (out / "table.md").write_text(markdown_table(rows, affine_label) + "\n")
     title = f"{args.dataset} test ({len(test)} images)\naffine set: {ranges.describe()}"
-    plot_rotation(rows, out / "robustness.png", title)
+    rotation_figure(rows, out / "robustness.png", title)
     sample = test.images[:EXAMPLES]
-    plot_examples({**{f"{a:+g} deg": rotate(sample, a) for a in angles},
+    examples_figure({**{f"{a:+g} deg": rotate(sample, a) for a in angles},
                    "affine": affine_set(sample, ranges, args.affine_seed)},
                   out / "examples.png", min(EXAMPLES, len(sample)))
     print(f"accuracy (%) on {len(test)} {args.dataset} test images; "

@@ -6,7 +6,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-PIXEL_MAX = 255.0
+from capsnet.data.image_dataset import PIXEL_MAX
+
 
 
 def to_model_input(images: torch.Tensor) -> torch.Tensor:

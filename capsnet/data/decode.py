@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from capsnet.data.image_dataset import PIXEL_MAX
+
 # Extensions of the formats read (PNG, JPEG, BMP, GIF, TIFF, WebP), compared lower-case.
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
 BACKGROUND = 0  # transparent pixels are flattened onto black
@@ -31,7 +33,6 @@ GREY_MODES = frozenset({"1", "L"})
 WIDE_GREY_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N"})  # 16-bit grey
 ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
 WIDE_MAX = 65535
-PIXEL_MAX = 255
 RESAMPLE = Image.Resampling.BILINEAR  # antialiased when shrinking
 GREY, RGB = 1, 3  # channel counts
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+PIXEL_MAX = 255  # uint8 images: 0 (black) .. PIXEL_MAX (white); model inputs are pixel / PIXEL_MAX
 GREY_NDIM = 3  # (N, H, W)
 CHANNELS_NDIM = 4  # (N, C, H, W)
 CHANNEL_COUNTS = (1, 3)  # grey, RGB

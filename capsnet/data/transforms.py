@@ -15,7 +15,8 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-PIXEL_MAX = 255
+from capsnet.data.image_dataset import PIXEL_MAX
+
 HALF_PIXEL = 0.5  # a pixel's extent around its centre
 AFFINE_DRAWS = 6  # uniform numbers per image: rotation, shear, scale x, scale y, position x, y
 

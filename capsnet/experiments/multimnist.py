@@ -18,7 +18,8 @@ from capsnet.data.augment import random_shift, to_model_input
 from capsnet.losses import RECONSTRUCTION_WEIGHT, margin_loss, reconstruction_loss
 from capsnet.models import unwrap
 from capsnet.models.precision import autocast_to
-from capsnet.data.transforms import PIXEL_MAX, place_on_canvas
+from capsnet.data.image_dataset import PIXEL_MAX
+from capsnet.data.transforms import place_on_canvas
 
 MAX_SHIFT = 4  # the paper: each digit shifted up to 4 pixels in each direction
 DIGITS_PER_IMAGE = 2

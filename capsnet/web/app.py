@@ -2,8 +2,15 @@
 
 Routes:
     GET  /             the page (static/index.html, static/app.js, static/style.css)
-    POST /api/predict  an image upload (multipart field 'image', or a raw image body)
-                       -> digit, capsule lengths, winning pose, input and reconstruction
+    POST /api/predict  an image upload (multipart field 'image', or the raw image as the
+                       body of any other request) -> digit, capsule lengths, winning pose,
+                       input, reconstruction and (for a CapsNet) the routing maps:
+                       "routing": {"iterations": R, "capsules": J, "grid": G, "types": T,
+                       "centres": [G receptive-field centres in input pixels], "field": side,
+                       "uniform": 1/J, "couplings": (R, J, G, G) mean coupling over types,
+                       "support": (R, J, G, G) |c u_hat| summed over types, "shares": (R, J)
+                       share of the primary output routed to each capsule,
+                       "coupling_spread": max |c - 1/J| of the maps, "support_max": max}
     POST /api/decode   JSON {"digit": k, "pose": [D floats]} -> the decoded reconstruction
 
 Every error is a JSON {"error": message} with a 4xx status (5xx only for a bug), so a bad
@@ -29,11 +36,14 @@ from werkzeug.serving import make_server as werkzeug_make_server
 
 from capsnet.inference import decode_pose, model_device, predict_prepared, to_uint8
 from capsnet.preprocess import ImageTooLargeError, PreprocessError, prepare_image
+from capsnet.routing_trace import receptive_fields, routing_trace
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024  # larger request bodies get 413 before they are read
 MAX_POSE_VALUE = 10.0  # capsule lengths are < 1; anything far beyond is not a pose
 TOP_K = 3
+MAP_DECIMALS = 5  # routing maps: couplings differ from 1/J in the third or fourth decimal
+MULTIPART = "multipart/form-data"
 LISTEN_BACKLOG = 128
 HTTP_BAD_REQUEST, HTTP_TOO_LARGE, HTTP_SERVER_ERROR = 400, 413, 500
 
@@ -56,6 +66,7 @@ def create_app(model: nn.Module) -> Flask:
     model.eval()
     lock = threading.Lock()  # one model call at a time across the server's threads
     decoder = getattr(model, "decoder", None)
+    has_routing = hasattr(model, "digit_caps")
     num_classes = model.config.num_classes
 
     @app.get("/")
@@ -64,6 +75,9 @@ def create_app(model: nn.Module) -> Flask:
 
     @app.post("/api/predict")
     def api_predict():
+        if request.mimetype == MULTIPART and not request.files:
+            return error(f"empty upload: a {MULTIPART} request with no file (send the image "
+                         "as the field 'image', or as the raw request body)")
         data = _uploaded_bytes()
         if not data:
             return error("empty upload: choose an image file or draw a digit")
@@ -75,10 +89,12 @@ def create_app(model: nn.Module) -> Flask:
             return error(str(exc))
         with lock:
             [p] = predict_prepared(model, image[None], ["upload"], TOP_K)
+            routing = routing_maps(model, image) if has_routing else None
         return jsonify(digit=p.digit, length=p.length, lengths=p.lengths, top=p.top,
                        pose=p.pose, input=png_data_url(p.image),
                        reconstruction=(png_data_url(p.reconstruction)
-                                       if p.reconstruction is not None else None))
+                                       if p.reconstruction is not None else None),
+                       routing=routing)
 
     @app.post("/api/decode")
     def api_decode():
@@ -115,11 +131,34 @@ def create_app(model: nn.Module) -> Flask:
     return app
 
 
+def routing_maps(model: nn.Module, image: np.ndarray) -> dict:
+    """The routing of one MNIST-like uint8 image (H, W) as small JSON-ready arrays (see the
+    module docstring for the fields)."""
+    trace = routing_trace(model, torch.from_numpy(image)[None])
+    couplings = trace.coupling_maps()[0].cpu()  # (R, J, G, G)
+    support = trace.support_maps()[0].cpu()  # (R, J, G, G)
+    J = couplings.shape[1]
+    centres, field = receptive_fields(model.config)
+    return {"iterations": trace.iterations, "capsules": J, "grid": trace.grid,
+            "types": trace.types, "centres": centres, "field": field, "uniform": 1.0 / J,
+            "couplings": _rounded(couplings), "support": _rounded(support),
+            "shares": _rounded(trace.routed_shares()[0].cpu()),  # (R, J)
+            "coupling_spread": float((couplings - 1.0 / J).abs().max()),
+            "support_max": float(support.max())}
+
+
+def _rounded(values: torch.Tensor) -> list:
+    return np.round(values.numpy().astype(np.float64), MAP_DECIMALS).tolist()
+
+
 def _uploaded_bytes() -> bytes:
-    """The uploaded image: multipart field 'image' (or the only file), else the raw body."""
-    if request.files:
-        upload = request.files.get("image") or next(iter(request.files.values()))
-        return upload.read()
+    """The uploaded image: for a multipart request its field 'image' (or its only file);
+    for any other request the raw body, whatever Content-Type it claims (curl's
+    ``--data-binary @digit.png`` says application/x-www-form-urlencoded). The form is never
+    parsed then, since parsing would consume the body."""
+    if request.mimetype == MULTIPART:
+        upload = request.files.get("image") or next(iter(request.files.values()), None)
+        return upload.read() if upload is not None else b""
     return request.get_data(cache=False)
 
 

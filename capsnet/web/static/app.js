@@ -1,11 +1,25 @@
 // CapsNet demo page: draw (pointer events: mouse, pen, touch) or upload -> /api/predict;
-// sliders move the winning capsule's pose -> /api/decode. No libraries.
+// the routing maps of the reply are drawn on canvases; sliders move the winning capsule's
+// pose -> /api/decode. No libraries.
 "use strict";
 
 const STROKE_WIDTH = 26;        // pixels on the 280x280 canvas: MNIST-like 2-3 pixel strokes at 28x28
 const PREDICT_DELAY_MS = 150;   // wait after the pen lifts before predicting
 const SLIDER_RANGE = 0.25;      // the paper's Figure 4 perturbations: -0.25 .. 0.25
 const SLIDER_STEP = 0.01;
+const MAP_SCALE = 6;            // canvas pixels per input pixel on the routing maps (28 -> 168)
+const SUPPORT_ALPHA = 0.85;     // opacity of the strongest support cell over the input
+const INK_ALPHA = 0.6;          // opacity of the digit drawn over the coupling map
+const INK_RGB = [40, 40, 40];
+const FIELD_COLOR = "#17becf";  // dashed square: the strongest cell's receptive field
+const MAP_BACKGROUND = "#eef0f3"; // the coupling map outside the primary grid
+const GRID_EDGE_COLOR = "#999";
+// Colour ramps as [position, [r, g, b]] stops, as in `capsnet routing`: matplotlib's RdBu_r
+// (diverging around the uniform coupling 1/J) and magma (support).
+const COUPLING_RAMP = [[0, [33, 102, 172]], [0.25, [146, 197, 222]], [0.5, [247, 247, 247]],
+                       [0.75, [244, 165, 130]], [1, [178, 24, 43]]];
+const SUPPORT_RAMP = [[0, [0, 0, 4]], [0.25, [81, 18, 124]], [0.5, [183, 55, 121]],
+                      [0.75, [252, 137, 97]], [1, [252, 253, 191]]];
 
 const pad = document.getElementById("pad");
 const ctx = pad.getContext("2d");
@@ -17,12 +31,21 @@ const reconImg = document.getElementById("recon");
 const barsEl = document.getElementById("bars");
 const slidersEl = document.getElementById("sliders");
 const resetBtn = document.getElementById("reset");
+const routingPanel = document.getElementById("routing-panel");
+const routingHint = document.getElementById("routing-hint");
+const supportCanvas = document.getElementById("routing-support");
+const couplingCanvas = document.getElementById("routing-couplings");
+const capsulesEl = document.getElementById("routing-capsules");
+const iterationsEl = document.getElementById("routing-iterations");
+const stepBtn = document.getElementById("routing-step");
+const routingCaption = document.getElementById("routing-caption");
 
 let drawing = false;
 let predictTimer = null;
 let current = null;             // last prediction: {digit, pose}
 let decodeBusy = false;
 let decodePending = false;
+let routing = null;             // {maps: reply.routing, winner, capsule, iteration (0-based), ink}
 
 function setStatus(text, isError = false) {
   statusLine.textContent = text;
@@ -126,6 +149,7 @@ function showPrediction(reply) {
   seenImg.src = reply.input;
   if (reply.reconstruction) reconImg.src = reply.reconstruction; else reconImg.removeAttribute("src");
   drawBars(reply.lengths, reply.digit);
+  showRouting(reply);
   buildSliders(reply.pose);
 }
 
@@ -136,6 +160,8 @@ function showEmpty() {
   seenImg.removeAttribute("src");
   reconImg.removeAttribute("src");
   barsEl.replaceChildren();
+  routing = null;
+  routingPanel.hidden = true;
   slidersEl.replaceChildren();
   resetBtn.disabled = true;
 }
@@ -155,6 +181,161 @@ function drawBars(lengths, winner) {
     bar.append(fill, label);
     return bar;
   }));
+}
+
+// ---- routing maps ----------------------------------------------------------------------
+function rampColor(ramp, t) {
+  const x = Math.min(1, Math.max(0, t));
+  for (let k = 1; k < ramp.length; k++) {
+    const [p1, c1] = ramp[k];
+    if (x <= p1) {
+      const [p0, c0] = ramp[k - 1];
+      const f = (x - p0) / (p1 - p0);
+      return c0.map((v, i) => Math.round(v + f * (c1[i] - v)));
+    }
+  }
+  return ramp[ramp.length - 1][1];
+}
+
+function rgba([r, g, b], alpha = 1) { return `rgba(${r}, ${g}, ${b}, ${alpha})`; }
+
+function showRouting(reply) {
+  const maps = reply.routing;
+  if (!maps) { routing = null; routingPanel.hidden = true; return; }
+  routingPanel.hidden = false;
+  const state = { maps, winner: reply.digit, capsule: reply.digit,
+                  iteration: maps.iterations - 1, ink: null };
+  routing = state;
+  delete supportCanvas.dataset.input;  // set to "drawn" once the input is under the maps
+  routingHint.textContent = `Where a digit capsule's input comes from: each cell is one ` +
+    `position of the ${maps.grid}\u00d7${maps.grid} primary-capsule grid (${maps.types} ` +
+    `capsule types each), drawn at the centre of its ${maps.field}-pixel receptive field.`;
+  buildChoices(capsulesEl, maps.capsules, "caps", (j) => String(j),
+               (j) => { state.capsule = j; drawRouting(); });
+  capsulesEl.children[state.winner].classList.add("winner");
+  buildChoices(iterationsEl, maps.iterations, "iter", (r) => String(r + 1),
+               (r) => { state.iteration = r; drawRouting(); });
+  drawColorbar("support-bar", SUPPORT_RAMP);
+  drawColorbar("coupling-bar", COUPLING_RAMP);
+  const spread = maps.coupling_spread;
+  document.getElementById("support-max").textContent = maps.support_max.toFixed(2);
+  document.getElementById("coupling-min").textContent = (maps.uniform - spread).toFixed(4);
+  document.getElementById("coupling-mid").textContent = maps.uniform.toFixed(4);
+  document.getElementById("coupling-max").textContent = (maps.uniform + spread).toFixed(4);
+  drawRouting();
+  const image = new Image();
+  image.onload = () => {
+    if (routing !== state) return;  // a newer prediction came meanwhile
+    const grey = document.createElement("canvas");
+    [grey.width, grey.height] = [image.naturalWidth, image.naturalHeight];
+    grey.getContext("2d").drawImage(image, 0, 0);
+    state.ink = grey;
+    drawRouting();
+    supportCanvas.dataset.input = "drawn";
+  };
+  image.src = reply.input;
+}
+
+function buildChoices(container, count, prefix, label, choose) {
+  container.replaceChildren(...Array.from({ length: count }, (_, k) => {
+    const button = document.createElement("button");
+    Object.assign(button, { type: "button", id: `${prefix}-${label(k)}`, textContent: label(k) });
+    button.addEventListener("click", () => choose(k));
+    return button;
+  }));
+}
+
+stepBtn.addEventListener("click", () => {
+  if (!routing) return;
+  routing.iteration = (routing.iteration + 1) % routing.maps.iterations;
+  drawRouting();
+});
+
+function drawColorbar(id, ramp) {
+  const bar = document.getElementById(id);
+  const barCtx = bar.getContext("2d");
+  for (let x = 0; x < bar.width; x++) {
+    barCtx.fillStyle = rgba(rampColor(ramp, x / (bar.width - 1)));
+    barCtx.fillRect(x, 0, 1, bar.height);
+  }
+}
+
+// Cell (row, col) of the primary grid as a canvas square, one grid step wide, centred on
+// its receptive-field centre (input pixel k spans k..k+1 times MAP_SCALE).
+function cellRect(maps, row, col) {
+  const c = maps.centres;
+  const step = c.length > 1 ? c[1] - c[0] : 1;
+  return [(c[col] + 0.5 - step / 2) * MAP_SCALE, (c[row] + 0.5 - step / 2) * MAP_SCALE,
+          step * MAP_SCALE, step * MAP_SCALE];
+}
+
+function drawRouting() {
+  if (!routing) return;
+  const { maps, capsule, iteration, winner, ink } = routing;
+  const support = maps.support[iteration][capsule];       // (G, G)
+  const couplings = maps.couplings[iteration][capsule];   // (G, G)
+  [...capsulesEl.children].forEach((b, j) => b.setAttribute("aria-pressed", String(j === capsule)));
+  [...iterationsEl.children].forEach((b, r) => b.setAttribute("aria-pressed", String(r === iteration)));
+
+  const sctx = supportCanvas.getContext("2d");
+  sctx.imageSmoothingEnabled = false;
+  sctx.fillStyle = "#000";
+  sctx.fillRect(0, 0, supportCanvas.width, supportCanvas.height);
+  if (ink) sctx.drawImage(ink, 0, 0, supportCanvas.width, supportCanvas.height);
+  let best = [0, 0];
+  support.forEach((line, r) => line.forEach((value, c) => {
+    const t = maps.support_max > 0 ? value / maps.support_max : 0;
+    sctx.fillStyle = rgba(rampColor(SUPPORT_RAMP, t), SUPPORT_ALPHA * t);
+    sctx.fillRect(...cellRect(maps, r, c));
+    if (value > support[best[0]][best[1]]) best = [r, c];
+  }));
+  const [x, y, w] = cellRect(maps, ...best);
+  const side = maps.field * MAP_SCALE;
+  sctx.setLineDash([4, 3]);
+  sctx.strokeStyle = FIELD_COLOR;
+  sctx.strokeRect(x + w / 2 - side / 2, y + w / 2 - side / 2, side, side);
+  sctx.setLineDash([]);
+
+  const cctx = couplingCanvas.getContext("2d");
+  cctx.imageSmoothingEnabled = false;
+  cctx.fillStyle = MAP_BACKGROUND;
+  cctx.fillRect(0, 0, couplingCanvas.width, couplingCanvas.height);
+  const spread = maps.coupling_spread || 1;
+  let sum = 0;
+  couplings.forEach((line, r) => line.forEach((value, c) => {
+    sum += value;
+    cctx.fillStyle = rgba(rampColor(COUPLING_RAMP, 0.5 + (value - maps.uniform) / (2 * spread)));
+    cctx.fillRect(...cellRect(maps, r, c));
+  }));
+  const [gx, gy] = cellRect(maps, 0, 0);
+  const [gx1, gy1, gw] = cellRect(maps, maps.grid - 1, maps.grid - 1);
+  cctx.strokeStyle = GRID_EDGE_COLOR;
+  cctx.strokeRect(gx, gy, gx1 + gw - gx, gy1 + gw - gy);
+  if (ink) cctx.drawImage(inkLayer(routing), 0, 0, couplingCanvas.width, couplingCanvas.height);
+
+  const share = 100 * maps.shares[iteration][capsule];
+  const mean = sum / (maps.grid * maps.grid);
+  routingCaption.textContent = `Capsule ${capsule}` + (capsule === winner ? " (the prediction)" : "") +
+    `, iteration ${iteration + 1} of ${maps.iterations}` + (iteration === 0 ? " (uniform)" : "") +
+    `: ${share.toFixed(1)}% of the primary capsules' output is routed here ` +
+    `(uniform: ${(100 * maps.uniform).toFixed(1)}%); mean coupling ${mean.toFixed(4)}.`;
+}
+
+// The digit as dark, semi-transparent ink (drawn over the coupling map), made once per input.
+function inkLayer(state) {
+  if (state.inkLayer) return state.inkLayer;
+  const { width, height } = state.ink;
+  const pixels = state.ink.getContext("2d").getImageData(0, 0, width, height);
+  const layer = document.createElement("canvas");
+  [layer.width, layer.height] = [width, height];
+  const lctx = layer.getContext("2d");
+  const out = lctx.createImageData(width, height);
+  for (let p = 0; p < width * height; p++) {
+    out.data.set([...INK_RGB, Math.round(INK_ALPHA * pixels.data[4 * p])], 4 * p);
+  }
+  lctx.putImageData(out, 0, 0);
+  state.inkLayer = layer;
+  return layer;
 }
 
 // ---- pose sliders ----------------------------------------------------------------------

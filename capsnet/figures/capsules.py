@@ -1,0 +1,94 @@
+"""The paper's pictures of what capsules hold: test images over their reconstructions
+(Figure 3), each pose dimension of a capsule perturbed (Figure 4), and one prediction."""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from capsnet.figures.common import (OTHER_COLOR, RIGHT_COLOR, WINNER_COLOR, WRONG_COLOR, mosaic,
+                                    save_figure, show_image)
+
+CELL_INCHES = 0.9  # side of one digit in the reconstruction grid
+GRID_CELL_INCHES = 0.32  # side of one digit in the manipulation grid
+MARGIN_INCHES = 0.7  # room for tick labels and titles
+
+
+def reconstruction_figure(images: np.ndarray, reconstructions: np.ndarray, labels: Sequence[int],
+                          predictions: Sequence[int], path: str | os.PathLike, columns: int = 10,
+                          label_reconstructions: np.ndarray | None = None) -> Path:
+    """Figure 3: inputs (N, H, W) uint8 each above its reconstruction (N, H, W) from the
+    predicted capsule, titled 'label -> prediction', mis-classified ones in red. With
+    ``label_reconstructions`` (N, H, W), a third row shows, for mis-classified inputs only,
+    the reconstruction from the true label's capsule. Rows of ``columns`` images."""
+    N = len(images)
+    columns = max(1, min(columns, N))
+    chunks = -(-N // columns)  # ceil
+    wrong = [int(label) != int(p) for label, p in zip(labels, predictions, strict=True)]
+    rows = 3 if label_reconstructions is not None and any(wrong) else 2
+    fig = Figure(figsize=(columns * CELL_INCHES, rows * chunks * CELL_INCHES * 1.2))
+    axes = fig.subplots(rows * chunks, columns, squeeze=False)
+    for ax in axes.ravel():
+        ax.axis("off")
+    for i in range(N):
+        row, col = rows * (i // columns), i % columns
+        color = WRONG_COLOR if wrong[i] else RIGHT_COLOR
+        show_image(axes[row, col], images[i], f"{int(labels[i])} \u2192 {int(predictions[i])}", color)
+        show_image(axes[row + 1, col], reconstructions[i])
+        if rows == 3 and wrong[i]:
+            show_image(axes[row + 2, col], label_reconstructions[i])
+        for r in range(row, row + (3 if rows == 3 and wrong[i] else 2)):
+            axes[r, col].axis("on")
+    names = ["input", "from prediction", "from label"][:rows]
+    for row in range(0, rows * chunks, rows):
+        for r, name in enumerate(names):
+            axes[row + r, 0].set_ylabel(name, fontsize=8)
+    fig.suptitle("Test images (label \u2192 prediction) over their reconstructions; "
+                 "red: mis-classified", fontsize=9)
+    return save_figure(fig, path)
+
+
+def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int],
+                        deltas: Sequence[float], path: str | os.PathLike) -> Path:
+    """Figure 4: for each digit a grid (D, S, H, W) uint8 of decoded images, row d with
+    pose dimension d moved by each of the S ``deltas``. Digits side by side."""
+    D, S = grids[0].shape[:2]
+    fig = Figure(figsize=(len(grids) * (S * GRID_CELL_INCHES + MARGIN_INCHES),
+                          D * GRID_CELL_INCHES + 2 * MARGIN_INCHES), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(grids), squeeze=False)[0])
+    for ax, grid, digit in zip(axes, grids, digits, strict=True):
+        H, W = grid.shape[2:]
+        ax.imshow(mosaic(grid), cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+        ax.set_title(f"digit {digit}", fontsize=9)
+        ax.set_xticks([s * (W + 1) + W / 2 for s in range(S)])
+        ax.set_xticklabels([f"{d:+.2f}" for d in deltas], rotation=90, fontsize=6)
+        ax.set_yticks([d * (H + 1) + H / 2 for d in range(D)])
+        ax.set_yticklabels([str(d) for d in range(D)], fontsize=6)
+        ax.set_xlabel("perturbation", fontsize=8)
+    axes[0].set_ylabel("capsule dimension", fontsize=8)
+    fig.suptitle("Each dimension of the winning capsule perturbed, then decoded", fontsize=9)
+    return save_figure(fig, path)
+
+
+def prediction_figure(image: np.ndarray, reconstruction: np.ndarray | None,
+                      lengths: Sequence[float], title: str, path: str | os.PathLike) -> Path:
+    """An input (H, W) uint8 as the model saw it, its reconstruction (H, W) or None, and the
+    per-class capsule lengths (J,) as bars."""
+    panels = 3 if reconstruction is not None else 2
+    fig = Figure(figsize=(3 * panels, 3))
+    axes = fig.subplots(1, panels)
+    show_image(axes[0], image, "input as the model saw it")
+    if reconstruction is not None:
+        show_image(axes[1], reconstruction, "reconstruction")
+    bars = axes[-1]
+    winner = int(np.argmax(lengths))
+    bars.bar(range(len(lengths)), lengths,
+             color=[WINNER_COLOR if j == winner else OTHER_COLOR for j in range(len(lengths))])
+    bars.set_xticks(range(len(lengths)))
+    bars.set_ylim(0, 1)
+    bars.set_title("capsule lengths", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    return save_figure(fig, path)

@@ -1,0 +1,46 @@
+"""What every figure shares: the PNG writer, colours, sizes and tiling of digit images.
+
+Figures are built on ``matplotlib.figure.Figure`` objects (the Agg renderer), never
+pyplot, so they are safe in servers, threads and headless machines.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+DPI = 100
+WRONG_COLOR = "tab:red"
+RIGHT_COLOR = "black"
+WINNER_COLOR = "tab:blue"
+OTHER_COLOR = "tab:gray"
+PAD_VALUE = 128  # grey separator between tiles of a mosaic
+PERCENT = 100.0
+
+
+def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
+    """Write ``fig`` as a PNG at ``path`` (folders made as needed); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    return path
+
+
+def mosaic(tiles: np.ndarray, pad: int = 1, pad_value: int = PAD_VALUE) -> np.ndarray:
+    """Tiles (R, C, H, W) -> one image (R*(H+pad)-pad, C*(W+pad)-pad) with separators."""
+    R, C, H, W = tiles.shape
+    out = np.full((R * (H + pad) - pad, C * (W + pad) - pad), pad_value, dtype=tiles.dtype)
+    for r in range(R):
+        for c in range(C):
+            out[r * (H + pad):r * (H + pad) + H, c * (W + pad):c * (W + pad) + W] = tiles[r, c]
+    return out
+
+
+def show_image(ax, image: np.ndarray, title: str | None = None, color: str = RIGHT_COLOR) -> None:
+    ax.imshow(image, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title is not None:
+        ax.set_title(title, fontsize=8, color=color)

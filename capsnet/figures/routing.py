@@ -1,0 +1,149 @@
+"""Routing by agreement as a picture: one row per image (matplotlib ``Figure``, no pyplot).
+
+Each row: the input; where the winning digit capsule's support comes from (|c u_hat|
+summed over the capsule types, drawn over the input at the primary grid's receptive-field
+centres); its couplings after each routing iteration (the first is uniform, 1/J); and the
+runner-up capsule's final couplings. Coupling maps use a diverging scale centred on 1/J,
+so red means "more than a uniform share" and blue "less".
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from capsnet.data.image_dataset import PIXEL_MAX
+from capsnet.figures.common import RIGHT_COLOR, WRONG_COLOR, save_figure
+
+PANEL_INCHES = 1.9  # side of one panel
+COUPLING_CMAP = "RdBu_r"  # diverging around the uniform coupling 1/J
+SUPPORT_CMAP = "magma"
+SUPPORT_ALPHA = 0.85  # opacity of the strongest support cell over the input
+INK_LEVEL = 128  # grey level of the digit outline drawn over the coupling maps
+OUTLINE_COLOR = "0.25"
+GRID_EDGE_COLOR = "0.6"  # thin frame around the primary grid on the coupling maps
+FIELD_COLOR = "tab:cyan"  # dashed square: the receptive field of the strongest cell
+MIN_SPREAD = 1e-6  # coupling scale half-width when every coupling is exactly 1/J
+
+
+def grey_of(image: np.ndarray) -> np.ndarray:
+    """(H, W) or (C, H, W) uint8 -> (H, W) float brightness (the mean over channels)."""
+    image = np.asarray(image)
+    return image.astype(np.float32) if image.ndim == 2 else image.mean(axis=0)
+
+
+def show_input(ax, image: np.ndarray, alpha: float = 1.0) -> None:
+    """Draw an (H, W) grey or (C, H, W) uint8 image (1 channel grey, 3 channels colour)."""
+    image = np.asarray(image)
+    if image.ndim == 3 and image.shape[0] == 1:
+        image = image[0]
+    if image.ndim == 2:
+        ax.imshow(image, cmap="gray", vmin=0, vmax=PIXEL_MAX, interpolation="nearest",
+                  alpha=alpha)
+    else:
+        ax.imshow(np.moveaxis(image, 0, -1), interpolation="nearest", alpha=alpha)  # (H, W, C)
+
+
+def grid_extent(centres: Sequence[float]) -> tuple[float, float, float, float]:
+    """imshow extent (left, right, bottom, top) putting grid cell g's square, one grid step
+    wide, on its receptive-field centre ``centres[g]`` in input pixel coordinates."""
+    step = centres[1] - centres[0] if len(centres) > 1 else 1.0
+    low, high = centres[0] - step / 2, centres[-1] + step / 2
+    return (low, high, high, low)
+
+
+def _frame(ax, shape: tuple[int, int]) -> None:
+    H, W = shape
+    ax.set_xlim(-0.5, W - 0.5)
+    ax.set_ylim(H - 0.5, -0.5)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def draw_coupling_map(ax, coupling: np.ndarray, grey: np.ndarray, centres: Sequence[float],
+                      norm: Normalize) -> None:
+    """A (G, G) coupling map at the receptive-field centres, the digit outlined on top."""
+    extent = grid_extent(centres)
+    ax.imshow(coupling, cmap=COUPLING_CMAP, norm=norm, extent=extent, interpolation="nearest")
+    left, right, bottom, top = extent
+    ax.add_patch(Rectangle((left, top), right - left, bottom - top, fill=False,
+                           linewidth=0.5, edgecolor=GRID_EDGE_COLOR))
+    if grey.max() > INK_LEVEL:
+        ax.contour(grey, levels=[INK_LEVEL], colors=OUTLINE_COLOR, linewidths=0.6)
+    _frame(ax, grey.shape)
+
+
+def draw_support_overlay(ax, image: np.ndarray, support: np.ndarray, centres: Sequence[float],
+                         field: int, norm: Normalize) -> None:
+    """The input with a (G, G) support map over it at the receptive-field centres (opacity
+    grows with the support) and the strongest cell's receptive field as a dashed square."""
+    show_input(ax, image)
+    rgba = colormaps[SUPPORT_CMAP](norm(support))  # (G, G, 4)
+    rgba[..., 3] = SUPPORT_ALPHA * np.clip(norm(support), 0, 1)
+    ax.imshow(rgba, extent=grid_extent(centres), interpolation="nearest")
+    row, col = np.unravel_index(int(np.argmax(support)), support.shape)
+    half = field / 2
+    ax.add_patch(Rectangle((centres[col] - half, centres[row] - half), field, field, fill=False,
+                           linestyle="--", linewidth=0.8, edgecolor=FIELD_COLOR))
+    _frame(ax, grey_of(image).shape)
+
+
+def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
+                   support_maps: np.ndarray, lengths: np.ndarray, titles: Sequence[str],
+                   centres: Sequence[float], field: int, path: str | os.PathLike,
+                   wrong: Sequence[bool] | None = None) -> Path:
+    """One row per image. images: N of (H, W) or (C, H, W) uint8; coupling_maps and
+    support_maps (N, R, J, G, G) (from :class:`capsnet.routing_trace.RoutingTrace`);
+    lengths (N, J); titles: N strings (red where ``wrong``); centres (G,) and field:
+    the primary grid's receptive fields (:func:`capsnet.routing_trace.receptive_fields`)."""
+    N, R, J = coupling_maps.shape[:3]
+    uniform = 1.0 / J
+    columns = 2 + R + 1  # input, support, R coupling iterations, runner-up
+    fig = Figure(figsize=(columns * PANEL_INCHES + 1.5, N * PANEL_INCHES + 0.6),
+                 layout="constrained")
+    axes = fig.subplots(N, columns, squeeze=False)
+    for n in range(N):
+        order = np.argsort(-lengths[n])
+        winner, second = int(order[0]), int(order[1]) if J > 1 else int(order[0])
+        grey = grey_of(images[n])
+        row = axes[n]
+        show_input(row[0], images[n])
+        _frame(row[0], grey.shape)
+        color = WRONG_COLOR if wrong is not None and wrong[n] else RIGHT_COLOR
+        row[0].set_title(titles[n], fontsize=8, color=color)
+
+        support = support_maps[n, -1, winner]  # (G, G)
+        support_norm = Normalize(0.0, max(float(support.max()), MIN_SPREAD))
+        draw_support_overlay(row[1], images[n], support, centres, field, support_norm)
+        row[1].set_title(f"support for {winner}: |c\u00b7\u00fb| (iter. {R})", fontsize=8)
+        bar = fig.colorbar(ScalarMappable(support_norm, SUPPORT_CMAP), ax=row[1],
+                           fraction=0.05, pad=0.02)
+        bar.ax.tick_params(labelsize=6)
+        bar.set_label("sum over types", fontsize=6)
+
+        shown = [coupling_maps[n, r, winner] for r in range(R)] + [coupling_maps[n, -1, second]]
+        spread = max(max(float(np.abs(m - uniform).max()) for m in shown), MIN_SPREAD)
+        norm = Normalize(uniform - spread, uniform + spread)
+        for r, ax in enumerate(row[2:2 + R]):
+            draw_coupling_map(ax, shown[r], grey, centres, norm)
+            note = " (uniform)" if r == 0 else ""
+            ax.set_title(f"c to {winner}, iteration {r + 1}{note}", fontsize=8)
+            ax.set_xlabel(f"mean {shown[r].mean():.4f}", fontsize=7)
+        draw_coupling_map(row[-1], shown[-1], grey, centres, norm)
+        row[-1].set_title(f"c to runner-up {second}, iter. {R}", fontsize=8)
+        row[-1].set_xlabel(f"mean {shown[-1].mean():.4f}", fontsize=7)
+        bar = fig.colorbar(ScalarMappable(norm, COUPLING_CMAP), ax=row[2:], fraction=0.02,
+                           pad=0.01)
+        bar.ax.tick_params(labelsize=6)
+        bar.set_label(f"coupling c, mean over types (1/{J} = uniform)", fontsize=6)
+    fig.suptitle("Routing by agreement: where the winning digit capsule's input comes from "
+                 "on the primary-capsule grid (cells at their receptive-field centres; "
+                 "dashed: the strongest cell's receptive field)", fontsize=9)
+    return save_figure(fig, path)
