@@ -38,8 +38,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from capsnet.devices import pick_device, tune_backends  # noqa: E402
 from capsnet.layers.gemm_conv import CONV_IMPLS  # noqa: E402
 from capsnet.models.precision import PRECISIONS  # noqa: E402
-from capsnet.tuning import (SpeedPlan, apply_plan, choose_plan, conv_layers,  # noqa: E402
-                            cpu_info, interleaved_medians, native_bf16)
+from capsnet.tuning import (  # noqa: E402
+    SpeedPlan,
+    apply_plan,
+    choose_plan,
+    conv_layers,
+    cpu_info,
+    interleaved_medians,
+    native_bf16,
+)
 
 REFERENCES = ("seed-style", "broadcast-style")
 SHOWN_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
@@ -132,7 +139,7 @@ def time_cases(cases: list[str], args, device: torch.device) -> dict:
                                 args.repeats)
     return {case: {"train_images_per_s": args.batch_size / t, "infer_images_per_s":
                    args.batch_size / i, "plan": b[2].as_dict() if b[2] else None}
-            for (case, b), t, i in zip(built.items(), train, infer)}
+            for (case, b), t, i in zip(built.items(), train, infer, strict=False)}
 
 
 def peak_memory_mb(case: str, args, device: torch.device) -> float:

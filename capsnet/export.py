@@ -13,7 +13,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -123,7 +123,7 @@ def _export_torchscript(wrapper: InferenceModel, example: torch.Tensor, path: Pa
 
 
 def export_weights(checkpoint: str | os.PathLike, out_path: str | os.PathLike,
-                   dtype: torch.dtype = torch.float16, info: Optional[dict] = None) -> Path:
+                   dtype: torch.dtype = torch.float16, info: dict | None = None) -> Path:
     """Write a checkpoint's model as a compact safetensors file (weights in ``dtype``),
     carrying the model name, its configuration and ``info`` (e.g. measured accuracy)."""
     from safetensors.torch import save_file
@@ -140,7 +140,7 @@ def export_weights(checkpoint: str | os.PathLike, out_path: str | os.PathLike,
 
 
 def export_run_weights(checkpoint: str | os.PathLike,
-                       path: Optional[str | os.PathLike] = None) -> Path:
+                       path: str | os.PathLike | None = None) -> Path:
     """float16 safetensors weights of a checkpoint, carrying its run's headline results
     (results.json beside it, confusion matrices left out) as info. ``path`` None writes
     beside the checkpoint: best.pt -> best.safetensors."""
@@ -153,7 +153,7 @@ def export_run_weights(checkpoint: str | os.PathLike,
     return export_weights(checkpoint, path or checkpoint.with_suffix(WEIGHTS_SUFFIX), info=info)
 
 
-def export_checkpoint(source: str | os.PathLike, path: Optional[str | os.PathLike],
+def export_checkpoint(source: str | os.PathLike, path: str | os.PathLike | None,
                       fmt: str) -> Path:
     """Export the model of a checkpoint (.pt) or weights file (.safetensors) as ``fmt``
     (FORMATS, or 'safetensors' for compact weights of a checkpoint). ``path`` None writes

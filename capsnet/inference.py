@@ -11,8 +11,9 @@ images (N, 28, 28) made by :mod:`capsnet.preprocess` or taken from a dataset.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,8 +21,8 @@ from torch import nn
 
 from capsnet.data.augment import to_model_input
 from capsnet.data.image_dataset import PIXEL_MAX
-from capsnet.models import CapsuleOutput, class_scores
 from capsnet.loading import ModelSource, load_model
+from capsnet.models import CapsuleOutput, class_scores
 from capsnet.preprocess import ImageSource, PreprocessError, prepare_image
 
 # The paper's Figure 4: each pose dimension moved by -0.25 .. 0.25 in steps of 0.05.
@@ -42,8 +43,8 @@ class Prediction:
     lengths: list[float]  # (J,) every class's capsule length
     top: list[tuple[int, float]]
     image: np.ndarray  # (28, 28) uint8: the input as the model saw it
-    reconstruction: Optional[np.ndarray] = None  # (28, 28) uint8; None without a decoder
-    pose: Optional[list[float]] = field(default=None, repr=False)  # (D,) the winning capsule
+    reconstruction: np.ndarray | None = None  # (28, 28) uint8; None without a decoder
+    pose: list[float] | None = field(default=None, repr=False)  # (D,) the winning capsule
 
     @property
     def alternatives(self) -> list[tuple[int, float]]:
@@ -74,8 +75,8 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
 
 @torch.no_grad()
 def run_model(model: nn.Module, images: np.ndarray | torch.Tensor,
-              batch_size: int = BATCH_SIZE) -> tuple[torch.Tensor, Optional[torch.Tensor],
-                                                      Optional[torch.Tensor]]:
+              batch_size: int = BATCH_SIZE) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                      torch.Tensor | None]:
     """Scores (N, J), poses (N, J, D) or None, reconstructions (N, 1, H, W) or None for
     uint8 images (N, H, W); reconstructions are decoded from the winning capsule."""
     model.eval()
@@ -103,7 +104,7 @@ def predict_prepared(model: nn.Module, images: np.ndarray, sources: Sequence[str
     recon_u8 = to_uint8(recons) if recons is not None else None
     results = []
     for i, source in enumerate(sources):
-        top = [(int(d), float(s)) for d, s in zip(best[i], best_scores[i])]
+        top = [(int(d), float(s)) for d, s in zip(best[i], best_scores[i], strict=False)]
         digit = top[0][0]
         results.append(Prediction(
             source=str(source), digit=digit, length=top[0][1], lengths=scores[i].tolist(),
@@ -113,7 +114,7 @@ def predict_prepared(model: nn.Module, images: np.ndarray, sources: Sequence[str
     return results
 
 
-def predict(images: Union[ImageSource, Sequence[ImageSource]], model: ModelSource = None,
+def predict(images: ImageSource | Sequence[ImageSource], model: ModelSource = None,
             device: Any = "cpu", top_k: int = 3) -> list[Prediction]:
     """Predict the digit in each image: paths, encoded bytes, PIL images or grey arrays,
     each preprocessed the way MNIST was made (:func:`capsnet.preprocess.prepare_image`).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import torch
 from torch import nn
@@ -71,7 +71,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
 
 
 def model_from_checkpoint(path_or_payload, map_location: Any = "cpu",
-                          expected_model: Optional[str] = None) -> nn.Module:
+                          expected_model: str | None = None) -> nn.Module:
     """Rebuild the model a checkpoint describes and load its weights (eval mode)."""
     from_file = not isinstance(path_or_payload, dict)
     payload = load_checkpoint(path_or_payload, map_location) if from_file else path_or_payload

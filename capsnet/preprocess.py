@@ -48,7 +48,7 @@ class ImageTooLargeError(PreprocessError):
     """An image with more than MAX_PIXELS pixels, refused before its pixels are decoded."""
 
 
-def load_grey(source: Union[str, os.PathLike, bytes, bytearray, Image.Image]) -> np.ndarray:
+def load_grey(source: str | os.PathLike | bytes | bytearray | Image.Image) -> np.ndarray:
     """Decode a path, encoded bytes or PIL image into grey levels (H, W) float32 in [0, 255].
 
     The pixel count is checked from the header, before any pixel data is decoded.

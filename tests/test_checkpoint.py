@@ -9,10 +9,14 @@ from torch import nn
 
 import capsnet.loading as loading
 from capsnet.config import make_config
+from capsnet.loading import (
+    CHECKPOINT_VERSION,
+    CheckpointError,
+    load_checkpoint,
+    model_from_checkpoint,
+)
 from capsnet.models import build_model
 from capsnet.training import checkpoint as ckpt
-from capsnet.loading import (CHECKPOINT_VERSION, CheckpointError, load_checkpoint,
-                             model_from_checkpoint)
 from capsnet.training.checkpoint import atomic_torch_save, save_checkpoint
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
@@ -51,7 +55,7 @@ def test_round_trip_gives_identical_outputs(tmp_path, name):
     x = torch.rand(3, 1, 28, 28)
     with torch.no_grad():
         a, b = model(x), loaded(x)
-    for t_a, t_b in zip(a if isinstance(a, tuple) else [a], b if isinstance(b, tuple) else [b]):
+    for t_a, t_b in zip(a if isinstance(a, tuple) else [a], b if isinstance(b, tuple) else [b], strict=False):
         assert torch.equal(t_a, t_b)
     payload = load_checkpoint(path)
     assert payload["epoch"] == 5 and payload["note"] == "hello"

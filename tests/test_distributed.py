@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from capsnet.cli.main import main
+from capsnet.loading import load_checkpoint
 from capsnet.training import TrainSettings, fit
 from capsnet.training import distributed as D
-from capsnet.loading import load_checkpoint
 from capsnet.training.distributed import World
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ import torch
 from capsnet.cli.main import main
 from capsnet.config import make_config
 from capsnet.export import describe, export_model, read_description
-from capsnet.models import build_model
 from capsnet.loading import model_from_checkpoint
+from capsnet.models import build_model
 
 # torch 2.13 marks torch.jit.load deprecated; TorchScript export is still asked for.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")

@@ -10,8 +10,14 @@ from PIL import Image, ImageDraw
 
 from capsnet.cli.main import main
 from capsnet.config import make_config
-from capsnet.figures import (curve_series, manipulation_figure, mosaic, prediction_figure,
-                             reconstruction_figure, training_curves_figure)
+from capsnet.figures import (
+    curve_series,
+    manipulation_figure,
+    mosaic,
+    prediction_figure,
+    reconstruction_figure,
+    training_curves_figure,
+)
 from capsnet.models import build_model
 from capsnet.training.checkpoint import save_checkpoint
 

@@ -40,7 +40,7 @@ def test_outputs_and_gradients_equal_conv2d(in_channels, out_channels, kernel, s
     upstream = torch.randn_like(out)
     grads = torch.autograd.grad(out, (x, conv.weight, conv.bias), upstream)
     expected_grads = torch.autograd.grad(expected, (x, conv.weight, conv.bias), upstream)
-    for got, want in zip(grads, expected_grads):
+    for got, want in zip(grads, expected_grads, strict=False):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
@@ -120,7 +120,7 @@ def test_bf16_autocast_paths_agree_with_float64(impl, shape):
     want = torch.autograd.grad(expected, (x64, w64, b64), upstream)
     got = (x32.grad, conv.weight.grad, conv.bias.grad)
     assert conv.weight.grad.dtype == torch.float32
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=False):
         assert (g.double() - w).abs().max() < 3e-2 * w.abs().max()
 
 

@@ -13,11 +13,18 @@ from PIL import Image, ImageDraw
 import capsnet.loading
 from capsnet.cli.main import main
 from capsnet.data.augment import to_model_input
-from capsnet.inference import (Prediction, decode_pose, perturb_capsule, perturbation_deltas,
-                               perturbation_grid, pick_examples, predict, to_uint8)
-from capsnet.loading import load_model
+from capsnet.inference import (
+    Prediction,
+    decode_pose,
+    perturb_capsule,
+    perturbation_deltas,
+    perturbation_grid,
+    pick_examples,
+    predict,
+    to_uint8,
+)
+from capsnet.loading import CheckpointError, load_model
 from capsnet.preprocess import PreprocessError, prepare_image
-from capsnet.loading import CheckpointError
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

@@ -7,8 +7,7 @@ import torch
 from capsnet import loading
 from capsnet.cli.main import main
 from capsnet.export import export_weights
-from capsnet.loading import load_model, weights_info
-from capsnet.loading import CheckpointError, model_from_checkpoint
+from capsnet.loading import CheckpointError, load_model, model_from_checkpoint, weights_info
 
 
 def test_weights_round_trip_matches_checkpoint(small_checkpoint, tmp_path):

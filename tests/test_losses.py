@@ -5,8 +5,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from capsnet.losses import (LAMBDA, M_MINUS, M_PLUS, RECONSTRUCTION_WEIGHT, capsule_loss,
-                            margin_loss, model_loss, reconstruction_loss)
+from capsnet.losses import (
+    LAMBDA,
+    M_MINUS,
+    M_PLUS,
+    RECONSTRUCTION_WEIGHT,
+    capsule_loss,
+    margin_loss,
+    model_loss,
+    reconstruction_loss,
+)
 from capsnet.models import CapsuleOutput
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two

@@ -7,11 +7,17 @@ import dataclasses
 import pytest
 import torch
 
-from capsnet.config import (CapsNetConfig, CNNConfig, config_from_dict, config_to_dict,
-                            make_config)
+from capsnet.config import CapsNetConfig, CNNConfig, config_from_dict, config_to_dict, make_config
 from capsnet.losses import model_loss
-from capsnet.models import (CapsNet, CapsuleOutput, CNNBaseline, build_model, class_scores,
-                            count_parameters, model_name_of)
+from capsnet.models import (
+    CapsNet,
+    CapsuleOutput,
+    CNNBaseline,
+    build_model,
+    class_scores,
+    count_parameters,
+    model_name_of,
+)
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 

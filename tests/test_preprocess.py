@@ -1,15 +1,19 @@
 """Own images -> MNIST-like 28x28: polarity, crop, 20x20 fit, centre of mass, bad inputs."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
+from image_files import encoded, png_header
 from PIL import Image, ImageDraw
 
-from image_files import encoded, png_header
-
-from capsnet.preprocess import (FIT_SIZE, MAX_PIXELS, MNIST_SIZE, ImageTooLargeError,
-                                PreprocessError, prepare_image)
+from capsnet.preprocess import (
+    FIT_SIZE,
+    MAX_PIXELS,
+    MNIST_SIZE,
+    ImageTooLargeError,
+    PreprocessError,
+    prepare_image,
+)
 
 CENTRE = MNIST_SIZE / 2  # where MNIST's digits have their centre of mass
 

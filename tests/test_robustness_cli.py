@@ -8,14 +8,20 @@ import json
 import pytest
 import torch
 
-from capsnet.experiments.affnist import compare, evaluation_sets
 from capsnet.cli.main import main
 from capsnet.config import make_config
-from capsnet.models import build_model
-from capsnet.experiments.robustness import (NamedModel, accuracy_grid, affine_rows, format_table,
-                                markdown_table, rotation_rows)
-from capsnet.training import TrainSettings, fit
+from capsnet.experiments.affnist import compare, evaluation_sets
+from capsnet.experiments.robustness import (
+    NamedModel,
+    accuracy_grid,
+    affine_rows,
+    format_table,
+    markdown_table,
+    rotation_rows,
+)
 from capsnet.loading import model_from_checkpoint
+from capsnet.models import build_model
+from capsnet.training import TrainSettings, fit
 from capsnet.training.checkpoint import save_checkpoint
 from capsnet.training.loop import evaluate
 

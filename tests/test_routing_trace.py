@@ -8,8 +8,8 @@ from PIL import Image, ImageDraw
 
 from capsnet.cli.main import main
 from capsnet.config import make_config
-from capsnet.models import build_model
 from capsnet.figures import routing_figure
+from capsnet.models import build_model
 from capsnet.routing_trace import receptive_fields, routing_trace
 from capsnet.training.checkpoint import save_checkpoint
 

@@ -187,7 +187,7 @@ def test_download_success_is_verified_and_leaves_no_temp_files(tmp_path, http_ro
     paths = download_dataset(fake_spec(md5s, mirrors=(f"{base}/good",)), dest,
                              progress=lambda *args: calls.append(args))
     assert sorted(p.name for p in dest.iterdir()) == sorted(f"{name}.gz" for name in MNIST_FILES)
-    for key, path in paths.items():
+    for _key, path in paths.items():
         assert path.parent == dest and file_md5(path) == md5s[path.name[:-len(".gz")]]
     assert calls and all(total is None or received <= total for _, received, total in calls)
 

@@ -12,11 +12,15 @@ from torch import nn
 
 from capsnet.config import make_config
 from capsnet.data.datasets import load_dataset
-from capsnet.models import build_model
 from capsnet.loading import load_checkpoint
-from capsnet.models import unwrap
-from capsnet.training.loop import (NonFiniteLossError, StepOptions, evaluate, predict_scores,
-                                   train_one_epoch)
+from capsnet.models import build_model, unwrap
+from capsnet.training.loop import (
+    NonFiniteLossError,
+    StepOptions,
+    evaluate,
+    predict_scores,
+    train_one_epoch,
+)
 from capsnet.training.settings import TrainSettings
 
 fit_module = importlib.import_module("capsnet.training.fit")  # the module, not the function
@@ -55,7 +59,7 @@ def test_evaluate_confusion_matrix_and_accuracies():
     assert result.accuracy == pytest.approx(0.7)
     assert result.error == pytest.approx(0.3)
     expected = torch.zeros(10, 10, dtype=torch.long)
-    for t, p in zip(labels.tolist(), predicted):
+    for t, p in zip(labels.tolist(), predicted, strict=False):
         expected[t, p] += 1
     assert torch.equal(result.confusion, expected)
     per_class = result.per_class_accuracy
@@ -107,7 +111,7 @@ def test_train_one_epoch_reports_and_updates():
                              on_progress=lambda *a: progress.append(a))
     assert result["steps"] == 4 and result["loss"] > 0 and 0 <= result["accuracy"] <= 1
     assert [p[0] for p in progress] == [32, 64]  # read back every 2 steps
-    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=False))
     assert model.training
 
 

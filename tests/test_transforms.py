@@ -5,9 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capsnet.data.transforms import (AffineRanges, affine_set, angle_range, bounding_boxes,
-                                linear_matrix, place_on_canvas, rotate, rotation_matrix,
-                                sample_affine, warp)
+from capsnet.data.transforms import (
+    AffineRanges,
+    affine_set,
+    angle_range,
+    bounding_boxes,
+    linear_matrix,
+    place_on_canvas,
+    rotate,
+    rotation_matrix,
+    sample_affine,
+    warp,
+)
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -139,7 +148,7 @@ def test_place_on_canvas_is_a_seeded_exact_copy_at_every_position():
     again = place_on_canvas(images, 40, torch.Generator().manual_seed(5))
     assert placed.shape == (300, 40, 40) and torch.equal(placed, again)
     tops, lefts = [], []
-    for src, out in zip(images, placed):
+    for src, out in zip(images, placed, strict=False):
         rows, cols = (out > 0).any(1).nonzero(), (out > 0).any(0).nonzero()
         top, left = int(rows.min()), int(cols.min())
         assert torch.equal(out[top:top + 28, left:left + 28], src)

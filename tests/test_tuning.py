@@ -10,10 +10,17 @@ import torch
 from capsnet.config import CapsNetConfig, make_config
 from capsnet.layers import routing as routing_module
 from capsnet.models import CapsNet, build_model
-from capsnet.tuning import (INFERENCE_BATCH, SpeedPlan, apply_plan, choose_plan, conv_layers,
-                            current_plan, tune_for_inference)
+from capsnet.tuning import (
+    INFERENCE_BATCH,
+    SpeedPlan,
+    apply_plan,
+    choose_plan,
+    conv_layers,
+    current_plan,
+    hardware,
+    tune_for_inference,
+)
 from capsnet.tuning import cache as tuning_cache
-from capsnet.tuning import hardware
 from capsnet.tuning import plan as plan_module
 
 CPU = torch.device("cpu")

@@ -6,13 +6,26 @@ from __future__ import annotations
 import argparse
 import json
 
-from capsnet.experiments.affnist import (CANVAS, TEST_SEED, compare, evaluation_sets, format_comparison,
-                             train_affnist)
-from capsnet.cli.args import (add_data_args, add_model_args, add_recipe_args, add_run_args,
-                              add_target_arg, load_cli_model, settings_from_args)
+from capsnet.cli.args import (
+    add_data_args,
+    add_model_args,
+    add_recipe_args,
+    add_run_args,
+    add_target_arg,
+    load_cli_model,
+    settings_from_args,
+)
 from capsnet.data.datasets import load_split
-from capsnet.experiments.robustness import named_models
 from capsnet.data.transforms import AffineRanges
+from capsnet.experiments.affnist import (
+    CANVAS,
+    TEST_SEED,
+    compare,
+    evaluation_sets,
+    format_comparison,
+    train_affnist,
+)
+from capsnet.experiments.robustness import named_models
 
 EXAMPLES = 10  # digits drawn per test set with --examples
 

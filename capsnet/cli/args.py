@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional
 
 from torch import nn
 
@@ -55,7 +54,7 @@ def add_speed_args(parser: argparse.ArgumentParser) -> None:
                              "(oneDNN/cuDNN, NCHW) or channels_last")
 
 
-def add_model_args(parser: argparse.ArgumentParser, checkpoint: Optional[str] = "option") -> None:
+def add_model_args(parser: argparse.ArgumentParser, checkpoint: str | None = "option") -> None:
     """The model to use (a checkpoint, a weights file or the shipped model) as --checkpoint
     (``checkpoint`` 'option'), as an optional positional ('positional'), or not at all (None:
     the command names its checkpoints itself); the device and the speed options."""
@@ -69,7 +68,7 @@ def add_model_args(parser: argparse.ArgumentParser, checkpoint: Optional[str] = 
     add_speed_args(parser)
 
 
-def load_cli_model(args: argparse.Namespace, source: Optional[str] = None) -> nn.Module:
+def load_cli_model(args: argparse.Namespace, source: str | None = None) -> nn.Module:
     """The model named by --checkpoint (or ``source``, or the shipped one) on the --device,
     in eval mode, running as --precision and --conv-impl say. A measurement (once per
     machine; cached) is reported on stderr, away from JSON output."""

@@ -7,9 +7,16 @@ import torch
 
 from capsnet.cli.args import add_data_args, add_model_args, load_cli_model
 from capsnet.data.datasets import load_split
-from capsnet.inference import (PERTURB_RANGE, PERTURB_STEP, first_of_each_class,
-                               perturbation_deltas, perturbation_grid, require_decoder, run_model,
-                               to_uint8)
+from capsnet.inference import (
+    PERTURB_RANGE,
+    PERTURB_STEP,
+    first_of_each_class,
+    perturbation_deltas,
+    perturbation_grid,
+    require_decoder,
+    run_model,
+    to_uint8,
+)
 from capsnet.preprocess import PreprocessError, prepare_image
 
 SEARCH_LIMIT = 2000  # test images searched for a correctly classified example of each digit

@@ -4,13 +4,24 @@ from __future__ import annotations
 import argparse
 import json
 
-from capsnet.cli.args import (add_data_args, add_model_args, add_recipe_args, add_run_args,
-                              add_target_arg, load_cli_model, settings_from_args)
+from capsnet.cli.args import (
+    add_data_args,
+    add_model_args,
+    add_recipe_args,
+    add_run_args,
+    add_target_arg,
+    load_cli_model,
+    settings_from_args,
+)
 from capsnet.data.datasets import load_split
 from capsnet.experiments import TEST_SEED
 from capsnet.experiments.multimnist import MAX_SHIFT, pair_set, shift_for
-from capsnet.experiments.multimnist_training import (TEST_PAIRS, evaluate_pairs,
-                                                     reconstruct_pairs, train_multimnist)
+from capsnet.experiments.multimnist_training import (
+    TEST_PAIRS,
+    evaluate_pairs,
+    reconstruct_pairs,
+    train_multimnist,
+)
 from capsnet.models import model_name_of
 
 FIGURE_PAIRS = 8

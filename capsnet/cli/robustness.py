@@ -7,10 +7,16 @@ from pathlib import Path
 
 from capsnet.cli.args import add_data_args, add_model_args, load_cli_model
 from capsnet.data.datasets import load_split
-from capsnet.experiments.robustness import (affine_rows, format_table, input_size_check,
-                                            markdown_table, named_models, rotation_rows,
-                                            write_csv)
 from capsnet.data.transforms import AffineRanges, affine_set, angle_range, rotate
+from capsnet.experiments.robustness import (
+    affine_rows,
+    format_table,
+    input_size_check,
+    markdown_table,
+    named_models,
+    rotation_rows,
+    write_csv,
+)
 
 EXAMPLES = 10  # digits shown per row in examples.png
 

@@ -1,13 +1,10 @@
 """Batch preparation on the training device: scaling and the paper's random shift."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
 from capsnet.data.image_dataset import PIXEL_MAX
-
 
 
 def to_model_input(images: torch.Tensor) -> torch.Tensor:
@@ -18,7 +15,7 @@ def to_model_input(images: torch.Tensor) -> torch.Tensor:
 
 
 def random_shift(images: torch.Tensor, max_shift: int,
-                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                 generator: torch.Generator | None = None) -> torch.Tensor:
     """Shift each image by up to ``max_shift`` pixels in x and y, filling with zeros.
 
     images: (B, C, H, W) -> (B, C, H, W). One gather for the whole batch, no Python loop.

@@ -21,7 +21,7 @@ def stratified_split(labels: torch.Tensor, val_size: int, seed: int) -> tuple[to
     remainder = val_size - int(take.sum())
     take[torch.argsort(quotas - take, descending=True)[:remainder]] += 1
     val_parts = []
-    for cls, k in zip(classes.tolist(), take.tolist()):
+    for cls, k in zip(classes.tolist(), take.tolist(), strict=False):
         members = (labels == cls).nonzero().squeeze(1)
         val_parts.append(members[torch.randperm(members.numel(), generator=g)[:k]])
     val = torch.cat(val_parts).sort().values if val_parts else torch.empty(0, dtype=torch.long)

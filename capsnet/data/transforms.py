@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -88,8 +87,8 @@ def linear_matrix(params: AffineParams) -> torch.Tensor:
     return rotation_matrix(params.rotation_deg) @ shear @ scale  # (N, 2, 2)
 
 
-def warp(images: torch.Tensor, matrix: torch.Tensor, translation: Optional[torch.Tensor] = None,
-         out_size: Optional[int] = None) -> torch.Tensor:
+def warp(images: torch.Tensor, matrix: torch.Tensor, translation: torch.Tensor | None = None,
+         out_size: int | None = None) -> torch.Tensor:
     """Apply the forward maps p' = matrix (p - centre_in) + centre_out + translation.
 
     images: (N, H, W) or (N, C, H, W), square, uint8 or float. matrix: (N, 2, 2) or (2, 2);
@@ -121,8 +120,8 @@ def warp(images: torch.Tensor, matrix: torch.Tensor, translation: Optional[torch
     return out.squeeze(1) if squeeze else out
 
 
-def rotate(images: torch.Tensor, angle_deg: Union[float, torch.Tensor],
-           out_size: Optional[int] = None) -> torch.Tensor:
+def rotate(images: torch.Tensor, angle_deg: float | torch.Tensor,
+           out_size: int | None = None) -> torch.Tensor:
     """Turn every image (N, H, W) counter-clockwise by ``angle_deg`` (a number or (N,))
     about its centre, optionally centring it on a larger ``out_size`` canvas first."""
     angles = torch.as_tensor(angle_deg, dtype=torch.float32).reshape(-1)  # (N,) or (1,)
@@ -171,7 +170,7 @@ def inside_translation(boxes: torch.Tensor, matrix: torch.Tensor, position: torc
 
 
 def random_affine(images: torch.Tensor, params: AffineParams,
-                  out_size: Optional[int] = None) -> torch.Tensor:
+                  out_size: int | None = None) -> torch.Tensor:
     """Transform each image (N, H, W) by its own affine map drawn in ``params`` (N sets),
     on an ``out_size`` canvas (default: the input size), translated as
     :class:`AffineRanges` describes."""
@@ -184,14 +183,14 @@ def random_affine(images: torch.Tensor, params: AffineParams,
 
 
 def affine_set(images: torch.Tensor, ranges: AffineRanges = AffineRanges(), seed: int = 0,
-               out_size: Optional[int] = None) -> torch.Tensor:
+               out_size: int | None = None) -> torch.Tensor:
     """The seeded affine test set of ``images`` (N, H, W): identical for a seed on every
     run, device and model (models of another input size see the same draws on their canvas)."""
     return random_affine(images, sample_affine(images.shape[0], ranges, seed), out_size)
 
 
 def place_on_canvas(images: torch.Tensor, canvas: int,
-                    generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                    generator: torch.Generator | None = None) -> torch.Tensor:
     """Put each image (N, H, W) at a uniformly random integer position on a black
     ``canvas`` x ``canvas`` image (centred when ``generator`` is None). Returns (N, canvas, canvas)
     in the same dtype, by one gather, no resampling. ``generator`` lives on images' device."""

@@ -9,7 +9,7 @@ spirit of affNIST, not the affNIST files themselves.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -123,7 +123,7 @@ class AffnistTask(Task):
                                            reconstruction_weight=self.settings.reconstruction_weight)
         return {"val_loss": val.loss, "val_accuracy": val.accuracy}
 
-    def final_report(self, final: nn.Module, best: Optional[nn.Module], state: dict,
+    def final_report(self, final: nn.Module, best: nn.Module | None, state: dict,
                      log: Log) -> dict:
         test = self.data.test
         limit = self.settings.test_limit
@@ -136,8 +136,8 @@ class AffnistTask(Task):
         return {"test": row, "test_seed": TEST_SEED}
 
 
-def train_affnist(settings: TrainSettings, resume: Optional[str] = None,
-                  argv: Optional[list[str]] = None, log: Callable[[str], None] = print) -> dict:
+def train_affnist(settings: TrainSettings, resume: str | None = None,
+                  argv: list[str] | None = None, log: Callable[[str], None] = print) -> dict:
     """Train ``settings.model`` under the affNIST protocol (``settings.canvas``, default 40;
     ``target_accuracy`` stops at a validation accuracy; ``test_limit`` tests on the first N
     test digits). Returns (and writes) results.json."""

@@ -8,18 +8,17 @@ digit of a different class shifted independently: the pixel-wise sum, clipped at
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from capsnet.data.augment import random_shift, to_model_input
+from capsnet.data.image_dataset import PIXEL_MAX
+from capsnet.data.transforms import place_on_canvas
 from capsnet.losses import RECONSTRUCTION_WEIGHT, margin_loss, reconstruction_loss
 from capsnet.models import unwrap
 from capsnet.models.precision import autocast_to
-from capsnet.data.image_dataset import PIXEL_MAX
-from capsnet.data.transforms import place_on_canvas
 
 MAX_SHIFT = 4  # the paper: each digit shifted up to 4 pixels in each direction
 DIGITS_PER_IMAGE = 2
@@ -53,15 +52,15 @@ class DigitPairs:
     def __len__(self) -> int:
         return self.labels.shape[0]
 
-    def subset(self, index) -> "DigitPairs":
+    def subset(self, index) -> DigitPairs:
         return DigitPairs(self.images[index], self.labels[index], self.digits[index])
 
-    def to(self, device) -> "DigitPairs":
+    def to(self, device) -> DigitPairs:
         return DigitPairs(self.images.to(device), self.labels.to(device), self.digits.to(device))
 
 
 def partner_indices(labels: torch.Tensor, first: torch.Tensor,
-                    generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                    generator: torch.Generator | None = None) -> torch.Tensor:
     """For each index in ``first`` (M,), a random index (M,) into ``labels`` (N,) whose class
     differs: the class uniformly among the other classes present, then the example uniformly
     within that class. ``generator`` lives on labels' device."""
@@ -81,7 +80,7 @@ def partner_indices(labels: torch.Tensor, first: torch.Tensor,
 
 
 def shift_on_canvas(digits: torch.Tensor, max_shift: int = MAX_SHIFT,
-                    generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                    generator: torch.Generator | None = None) -> torch.Tensor:
     """Centre each digit (M, H, W) on a canvas of H + 2 * max_shift and shift it by up to
     ``max_shift`` pixels in x and y. Returns (M, S, S), same dtype."""
     centred = place_on_canvas(digits, canvas_size(digits.shape[-1], max_shift))  # (M, S, S)
@@ -95,7 +94,7 @@ def overlay(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def make_pairs(images: torch.Tensor, labels: torch.Tensor, first: torch.Tensor,
                max_shift: int = MAX_SHIFT,
-               generator: Optional[torch.Generator] = None) -> DigitPairs:
+               generator: torch.Generator | None = None) -> DigitPairs:
     """One pair for each index in ``first`` (M,): that digit of ``images`` (N, 28, 28) uint8
     over a random digit of another class from the same images. Deterministic for a
     generator state; partners, then the two digits' shifts, are drawn from ``generator``."""

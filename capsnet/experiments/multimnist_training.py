@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -12,8 +12,16 @@ from torch import nn
 from capsnet.data.augment import to_model_input
 from capsnet.data.splits import epoch_order
 from capsnet.experiments import SEED_STRIDE, TEST_SEED
-from capsnet.experiments.multimnist import (DigitPairs, canvas_size, make_pairs, model_inputs,
-                                            pair_loss, pair_set, pairs_correct, top_two)
+from capsnet.experiments.multimnist import (
+    DigitPairs,
+    canvas_size,
+    make_pairs,
+    model_inputs,
+    pair_loss,
+    pair_set,
+    pairs_correct,
+    top_two,
+)
 from capsnet.training import distributed
 from capsnet.training.distributed import World
 from capsnet.training.fit import prepare_data
@@ -27,7 +35,7 @@ TEST_PAIRS = 10_000
 def train_pairs_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
                       labels: torch.Tensor, order: torch.Tensor, batch_size: int, max_shift: int,
                       reconstruction_weight: float,
-                      generator: Optional[torch.Generator] = None) -> dict:
+                      generator: torch.Generator | None = None) -> dict:
     """One epoch over pairs whose first digits are ``images[order]`` (images (N, 28, 28)
     uint8, labels (N,) on the device) and whose partners and shifts are drawn from
     ``generator``. Returns {'train_loss', 'train_accuracy'} (accuracy: both digits right)."""
@@ -121,7 +129,7 @@ class MultiMnistTask(Task):
     def validate(self, model: nn.Module, world: World) -> dict:
         return {"val_accuracy": evaluate_pairs(model, self.val)["accuracy"]}
 
-    def final_report(self, final: nn.Module, best: Optional[nn.Module], state: dict,
+    def final_report(self, final: nn.Module, best: nn.Module | None, state: dict,
                      log: Log) -> dict:
         s, d = self.settings, self.data
         test = pair_set(d.test.images, d.test.labels, s.test_pairs or TEST_PAIRS, TEST_SEED,
@@ -133,8 +141,8 @@ class MultiMnistTask(Task):
         return {"test": result, "test_seed": TEST_SEED}
 
 
-def train_multimnist(settings: TrainSettings, resume: Optional[str] = None,
-                     argv: Optional[list[str]] = None,
+def train_multimnist(settings: TrainSettings, resume: str | None = None,
+                     argv: list[str] | None = None,
                      log: Callable[[str], None] = print) -> dict:
     """Train a CapsNet on MultiMNIST as ``settings`` say; returns (and writes) results.json."""
     return run_task(MultiMnistTask(dataclasses.replace(settings, task="multimnist")), resume,

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 import torch
 from torch import nn
 
+from capsnet.data.transforms import AffineRanges, affine_set, rotate
 from capsnet.models import model_name_of
 from capsnet.training.loop import evaluate
-from capsnet.data.transforms import AffineRanges, affine_set, rotate
 
 ROTATION, AFFINE = "rotation", "affine"
 CSV_COLUMNS = ("model", "input_size", "transform", "angle_deg", "images", "accuracy", "error")
@@ -37,17 +37,17 @@ class NamedModel:
 
 
 def named_models(paths: Sequence[str], models: Sequence[nn.Module],
-                 given: Optional[Sequence[str]] = None) -> list[NamedModel]:
+                 given: Sequence[str] | None = None) -> list[NamedModel]:
     """The models with their labels for tables and plots: ``given``, or 'capsnet (run-dir)'
     from each model's name and its checkpoint's folder."""
     if given and len(given) != len(paths):
         raise ValueError(f"{len(given)} labels for {len(paths)} checkpoints")
     labels = list(given) if given else []
     if not given:
-        for path, model in zip(paths, models):
+        for path, model in zip(paths, models, strict=False):
             label = f"{model_name_of(model.config)} ({Path(path).resolve().parent.name})"
             labels.append(label if label not in labels else f"{label} #{len(labels) + 1}")
-    return [NamedModel(label, model) for label, model in zip(labels, models)]
+    return [NamedModel(label, model) for label, model in zip(labels, models, strict=False)]
 
 
 def input_size_check(models: Sequence[NamedModel], image_size: int) -> None:

@@ -9,8 +9,15 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from capsnet.figures.common import (OTHER_COLOR, RIGHT_COLOR, WINNER_COLOR, WRONG_COLOR, mosaic,
-                                    save_figure, show_image)
+from capsnet.figures.common import (
+    OTHER_COLOR,
+    RIGHT_COLOR,
+    WINNER_COLOR,
+    WRONG_COLOR,
+    mosaic,
+    save_figure,
+    show_image,
+)
 
 CELL_INCHES = 0.9  # side of one digit in the reconstruction grid
 GRID_CELL_INCHES = 0.32  # side of one digit in the manipulation grid

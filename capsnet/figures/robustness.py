@@ -3,8 +3,8 @@ each transformed set, and MultiMNIST pairs with their two reconstructions."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from matplotlib.figure import Figure

@@ -18,7 +18,7 @@ class Decoder(nn.Module):
         self.image_shape = image_shape
         sizes = (num_caps * caps_dim, *hidden)
         layers: list[nn.Module] = []
-        for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+        for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=False):
             layers += [nn.Linear(n_in, n_out), nn.ReLU(inplace=True)]
         n_pixels = image_shape[0] * image_shape[1] * image_shape[2]
         layers += [nn.Linear(sizes[-1], n_pixels), nn.Sigmoid()]

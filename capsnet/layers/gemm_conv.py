@@ -29,7 +29,6 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-
 # A chunk of kernel rows is at least this many columns wide: one row of PrimaryCaps' kernel
 # (9 x 256 = 2304) is a chunk of its own, Conv1's 1-channel rows (9 wide) are all unrolled.
 MIN_CHUNK_WIDTH = 256

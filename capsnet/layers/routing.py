@@ -1,7 +1,8 @@
 """Dynamic routing between capsules (Sabour et al. 2017, Procedure 1)."""
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple, Optional
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 
@@ -12,9 +13,9 @@ class RoutingStep(NamedTuple):
     """One routing iteration: the couplings it used, the outputs it made and the agreement
     those outputs earned (None after the last iteration, which updates nothing)."""
 
-    c: Optional[torch.Tensor]  # (B, J, I) couplings; None for the uniform first iteration (1/J)
+    c: torch.Tensor | None  # (B, J, I) couplings; None for the uniform first iteration (1/J)
     v: torch.Tensor  # (B, J, D) output capsules
-    agreement: Optional[torch.Tensor]  # (B, J, I) u_hat . v, added to the logits b
+    agreement: torch.Tensor | None  # (B, J, I) u_hat . v, added to the logits b
 
 
 def routing_steps(u_hat: torch.Tensor, iterations: int,

@@ -1,7 +1,7 @@
 """CapsNet (Sabour, Frosst & Hinton 2017, Figure 1): Conv1 -> PrimaryCaps -> DigitCaps -> Decoder."""
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -14,7 +14,7 @@ from capsnet.models.precision import autocast_to
 class CapsuleOutput(NamedTuple):
     lengths: torch.Tensor  # (B, J) capsule lengths: the class scores
     poses: torch.Tensor  # (B, J, D) DigitCaps output vectors v
-    reconstructions: Optional[torch.Tensor]  # (B, C, H, W), None without a decoder
+    reconstructions: torch.Tensor | None  # (B, C, H, W), None without a decoder
 
 
 class CapsNet(nn.Module):
@@ -37,9 +37,9 @@ class CapsNet(nn.Module):
         image_shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
         self.decoder = (Decoder(cfg.num_classes, cfg.digit_dim, cfg.decoder_hidden, image_shape)
                         if cfg.use_decoder else None)
-        self.compute_dtype: Optional[torch.dtype] = None
+        self.compute_dtype: torch.dtype | None = None
 
-    def forward(self, x: torch.Tensor, labels: Optional[torch.Tensor] = None) -> CapsuleOutput:
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
         with autocast_to(x.device, self.compute_dtype):
             h = torch.relu(self.conv1(x))  # (B, 256, 20, 20)
             u = self.primary_caps(h)  # (B, 1152, 8) float32

@@ -20,13 +20,13 @@ class CNNBaseline(nn.Module):
         cfg = self.config = config
         convs: list[nn.Module] = []
         channels = (cfg.in_channels, *cfg.conv_channels)
-        for c_in, c_out in zip(channels[:-1], channels[1:]):
+        for c_in, c_out in zip(channels[:-1], channels[1:], strict=False):
             convs += [GemmConv2d(c_in, c_out, cfg.conv_kernel, padding=cfg.conv_kernel // 2),
                       nn.ReLU(inplace=True)]
         self.features = nn.Sequential(*convs)
         sizes = (cfg.conv_channels[-1] * cfg.image_size**2, *cfg.fc_hidden)
         fcs: list[nn.Module] = []
-        for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+        for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=False):
             fcs += [nn.Linear(n_in, n_out), nn.ReLU(inplace=True)]
         self.classifier = nn.Sequential(*fcs, nn.Dropout(cfg.dropout),
                                         nn.Linear(sizes[-1], cfg.num_classes))

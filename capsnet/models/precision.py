@@ -7,19 +7,18 @@ kernels. Routing, squash and the losses stay in float32 (their modules cast).
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
 
 import torch
 
-PRECISIONS: dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16}
+PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 
 
-def precision_name(dtype: Optional[torch.dtype]) -> str:
+def precision_name(dtype: torch.dtype | None) -> str:
     """'fp32' or 'bf16' for a compute dtype (None is float32)."""
     return next(name for name, d in PRECISIONS.items() if d == dtype)
 
 
-def autocast_to(device: torch.device | str, dtype: Optional[torch.dtype]):
+def autocast_to(device: torch.device | str, dtype: torch.dtype | None):
     """Autocast context for ``dtype`` on ``device``, or a no-op when dtype is None."""
     device_type = torch.device(device).type
     if dtype is None:

@@ -2,8 +2,8 @@
 validation accuracy and test once. :func:`fit` runs it through the one epoch driver."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -83,7 +83,7 @@ class ClassifyTask(Task):
             row.update(test_accuracy_monitoring=test.accuracy)
         return row
 
-    def final_report(self, final: nn.Module, best: Optional[nn.Module], state: dict,
+    def final_report(self, final: nn.Module, best: nn.Module | None, state: dict,
                      log: Log) -> dict:
         kwargs = dict(reconstruction_weight=self.settings.reconstruction_weight)
         test = self.data.test
@@ -103,7 +103,7 @@ class ClassifyTask(Task):
         return {**results, "best": best_result.as_dict()}
 
 
-def fit(settings: TrainSettings, resume: Optional[str] = None, argv: Optional[list[str]] = None,
+def fit(settings: TrainSettings, resume: str | None = None, argv: list[str] | None = None,
         log: Callable[[str], None] = print) -> dict:
     """Train as ``settings`` say (the paper's recipe by default), writing everything to
     ``settings.out_dir``; returns the results (also written to results.json). Runs under

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -29,8 +29,8 @@ class StepOptions:
 
 def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
                     labels: torch.Tensor, order: torch.Tensor, options: StepOptions,
-                    generator: Optional[torch.Generator] = None,
-                    on_progress: Optional[Callable[[int, float, float], None]] = None) -> dict:
+                    generator: torch.Generator | None = None,
+                    on_progress: Callable[[int, float, float], None] | None = None) -> dict:
     """Train over ``images[order]`` in batches. images (N, H, W) uint8 and labels (N,) on
     the device; order (M,) indices. Losses and accuracy are accumulated on the device and
     read back every ``check_every`` steps only. Returns {'loss', 'accuracy', 'steps'}.
@@ -105,7 +105,7 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
     device = images.device
     loss_sum = torch.zeros((), device=device)
     predictions = []
-    for x_u8, y in zip(images.split(batch_size), labels.split(batch_size)):
+    for x_u8, y in zip(images.split(batch_size), labels.split(batch_size), strict=False):
         x = to_model_input(x_u8)
         out = model(x)
         loss_sum += model_loss(out, x, y, reconstruction_weight).float() * y.numel()

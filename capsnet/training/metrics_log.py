@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Optional
 
 
 class MetricsLog:
@@ -11,7 +10,7 @@ class MetricsLog:
 
     def __init__(self, run_dir: str | Path, tensorboard: bool = True):
         self.path = Path(run_dir) / "metrics.csv"
-        self.columns: Optional[list[str]] = None
+        self.columns: list[str] | None = None
         if self.path.exists():
             with open(self.path, newline="") as f:
                 self.columns = next(csv.reader(f), None)

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
 
 
 @contextlib.contextmanager
 def epoch_progress(enabled: bool, epoch: int,
-                   total: Optional[int]) -> Iterator[Optional[Callable[[int, float, float], None]]]:
+                   total: int | None) -> Iterator[Callable[[int, float, float], None] | None]:
     """Yields on_progress(examples_done, mean_loss, accuracy) updating a bar, or None."""
     if not enabled:
         yield None

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -21,7 +21,7 @@ from capsnet.training.settings import TrainSettings
 
 
 def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | Path,
-                  argv: Optional[list[str]] = None) -> dict:
+                  argv: list[str] | None = None) -> dict:
     """Train ``settings`` once per seed into ``out_dir/seed-N``, then summarise (also
     written to ``out_dir/summary.json``)."""
     if not seeds:

@@ -14,8 +14,9 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import nn
@@ -31,8 +32,13 @@ from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.metrics_log import MetricsLog
 from capsnet.training.progress import epoch_progress
 from capsnet.training.settings import TrainSettings, resume_checkpoint
-from capsnet.tuning import (SpeedPlan, apply_plan, choose_plan, machine_description,
-                            tune_for_inference)
+from capsnet.tuning import (
+    SpeedPlan,
+    apply_plan,
+    choose_plan,
+    machine_description,
+    tune_for_inference,
+)
 
 Log = Callable[[str], None]
 # on_progress(examples_done, mean_loss, accuracy), or None
@@ -70,14 +76,14 @@ class Task:
         """{'val_accuracy', ...} of the plain (unwrapped) model; {} without validation."""
         raise NotImplementedError
 
-    def final_report(self, final: nn.Module, best: Optional[nn.Module], state: dict,
+    def final_report(self, final: nn.Module, best: nn.Module | None, state: dict,
                      log: Log) -> dict:
         """Test once: results to merge into results.json. ``best`` is the
         validation-selected model (None when it is the final one or there is none)."""
         raise NotImplementedError
 
 
-def run_task(task: Task, resume: Optional[str] = None, argv: Optional[list[str]] = None,
+def run_task(task: Task, resume: str | None = None, argv: list[str] | None = None,
              log: Log = print) -> dict:
     """Train ``task`` as its settings say, writing everything to ``settings.out_dir``.
     Returns the results (also written to results.json).
@@ -100,7 +106,7 @@ def _quiet(_: str) -> None:
     """The log of ranks other than 0."""
 
 
-def _run(task: Task, resume: Optional[str], argv, log: Log, world: World) -> dict:
+def _run(task: Task, resume: str | None, argv, log: Log, world: World) -> dict:
     settings, device = task.settings, world.device
     tune_backends(device)
     torch.manual_seed(settings.seed)
@@ -197,7 +203,7 @@ def _train_and_validate(task: Task, step_model, model, optimizer, epoch: int,
     return row
 
 
-def _epoch_size(task: Task, world: World) -> Optional[int]:
+def _epoch_size(task: Task, world: World) -> int | None:
     size = getattr(task, "epoch_size", None)
     return None if size is None else -(-size // world.size)
 
@@ -264,7 +270,7 @@ def set_rng_state(state: dict) -> None:
 
 
 def _restore(path: Path, task: Task, model, optimizer, scheduler,
-             device) -> tuple[dict, Optional[dict]]:
+             device) -> tuple[dict, dict | None]:
     """Load a checkpoint into the run's objects; returns the epoch state and the run's
     speed plan (None for checkpoints written before plans)."""
     payload = load_checkpoint(path, map_location=device)
@@ -282,7 +288,7 @@ def _restore(path: Path, task: Task, model, optimizer, scheduler,
 
 
 def speed_plan_for(settings: TrainSettings, model, world: World,
-                   saved: Optional[dict] = None) -> SpeedPlan:
+                   saved: dict | None = None) -> SpeedPlan:
     """How the run computes: a resumed run on the same machine keeps its plan (the same
     kernels, so the same numbers); otherwise rank 0 measures (or reads its cache) and
     every rank follows it."""
@@ -298,7 +304,7 @@ def speed_plan_for(settings: TrainSettings, model, world: World,
 
 
 def describe_run(run_dir: Path, settings: TrainSettings, model, plan: SpeedPlan,
-                 argv: Optional[list[str]]) -> None:
+                 argv: list[str] | None) -> None:
     """Write the resolved settings, model config, speed plan and command line into the run
     directory."""
     (run_dir / "config.json").write_text(json.dumps(

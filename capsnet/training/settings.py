@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
 
 
 @dataclass
@@ -13,7 +13,7 @@ class TrainSettings:
     model: str = "capsnet"  # 'capsnet' or 'cnn'
     preset: str = "paper"  # layer sizes: 'paper' or 'small'
     dataset: str = "mnist"  # 'mnist' or 'fashion-mnist'
-    data_dir: Optional[str] = None
+    data_dir: str | None = None
     download: bool = True
     epochs: int = 10
     batch_size: int = 128
@@ -22,7 +22,7 @@ class TrainSettings:
     routing_iterations: int = 3
     reconstruction_weight: float = 0.0005  # 0 trains CapsNet without its decoder
     max_shift: int = 2  # random translation augmentation, pixels
-    subset: Optional[int] = None  # train on the first N images of the training pool
+    subset: int | None = None  # train on the first N images of the training pool
     val_size: int = 5000  # held out of the training set, stratified; 0 for none
     seed: int = 0
     device: str = "auto"
@@ -30,10 +30,10 @@ class TrainSettings:
     conv_impl: str = "auto"  # 'auto' (measured), 'gemm', 'native' or 'channels_last'
     compile: bool = False  # torch.compile the model
     monitor_test: bool = False  # also evaluate the test set after every epoch (never for selection)
-    target_accuracy: Optional[float] = None  # stop after the first epoch whose validation reaches it
-    canvas: Optional[int] = None  # affNIST: side of the canvas the digits are placed on
-    test_limit: Optional[int] = None  # affNIST: test on the first N test digits only
-    test_pairs: Optional[int] = None  # MultiMNIST: test pairs made from the test digits
+    target_accuracy: float | None = None  # stop after the first epoch whose validation reaches it
+    canvas: int | None = None  # affNIST: side of the canvas the digits are placed on
+    test_limit: int | None = None  # affNIST: test on the first N test digits only
+    test_pairs: int | None = None  # MultiMNIST: test pairs made from the test digits
     out_dir: str = "runs/latest"
     progress: bool = True
 
@@ -41,7 +41,7 @@ class TrainSettings:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> "TrainSettings":
+    def from_dict(cls, values: dict) -> TrainSettings:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
 
@@ -57,7 +57,7 @@ def resume_checkpoint(path: str | Path) -> Path:
 
 
 def resumed_settings(resume: str | Path, given: TrainSettings,
-                     also_given: Iterable[str] = (), out_dir: Optional[str] = None) -> TrainSettings:
+                     also_given: Iterable[str] = (), out_dir: str | None = None) -> TrainSettings:
     """The stopped run's own settings, with RESUME_OVERRIDES and the fields named in
     ``also_given`` (e.g. 'lr_decay', to anneal faster from the next epoch on) taken from
     ``given``. The run goes on in ``out_dir`` if given, else in the resumed checkpoint's

@@ -10,7 +10,6 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 from capsnet.data.sources import default_cache_dir
 
@@ -34,12 +33,12 @@ def _read_all(path: Path) -> dict:
     return entries if isinstance(entries, dict) else {}
 
 
-def read_entry(key: str, path: Optional[Path] = None) -> Optional[dict]:
+def read_entry(key: str, path: Path | None = None) -> dict | None:
     entry = _read_all(path or cache_path()).get(key)
     return entry if isinstance(entry, dict) else None
 
 
-def write_entry(key: str, entry: dict, path: Optional[Path] = None) -> Path:
+def write_entry(key: str, entry: dict, path: Path | None = None) -> Path:
     """Add or replace one entry; returns the cache file's path. Failing to write (a
     read-only home, say) is no error: the choice is then measured again next time."""
     path = path or cache_path()

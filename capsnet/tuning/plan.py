@@ -14,8 +14,8 @@ import copy
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -62,7 +62,7 @@ class SpeedPlan:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> "SpeedPlan":
+    def from_dict(cls, values: dict) -> SpeedPlan:
         return cls(**{k: values[k] for k in cls.__dataclass_fields__ if k in values})
 
     def describe(self) -> str:
@@ -106,7 +106,7 @@ def current_plan(model: nn.Module) -> SpeedPlan:
 
 def choose_plan(model: nn.Module, device: torch.device, batch_size: int, *,
                 mode: str = "train", precision: str = AUTO, conv_impl: str = AUTO,
-                measure: Optional[Measure] = None, use_cache: bool = True) -> SpeedPlan:
+                measure: Measure | None = None, use_cache: bool = True) -> SpeedPlan:
     """The fastest way to run ``model`` on ``device`` at ``batch_size`` ('train': forward
     and backward; 'infer': forward only, measured at INFERENCE_BATCH whatever the batch).
 
@@ -209,7 +209,7 @@ class ConvTimer:
         x = self._input(name, conv, precision)
         fns = [self._run(_with_impl(conv, impl), x, precision) for impl in impls]
         seconds = interleaved_medians(fns, self.device)
-        return dict(zip(impls, seconds))
+        return dict(zip(impls, seconds, strict=False))
 
     def _input(self, name: str, conv: GemmConv2d, precision: str) -> torch.Tensor:
         C, H, W = self.input_shapes[name]
@@ -249,7 +249,7 @@ def _with_impl(conv: GemmConv2d, impl: str) -> GemmConv2d:
 
 def _conv_output_size(conv: GemmConv2d, size: tuple[int, int]) -> tuple[int, int]:
     return tuple((s + 2 * p - k) // st + 1 for s, p, k, st
-                 in zip(size, conv.padding, conv.kernel_size, conv.stride))
+                 in zip(size, conv.padding, conv.kernel_size, conv.stride, strict=False))
 
 
 @torch.no_grad()
@@ -291,7 +291,7 @@ def interleaved_medians(fns, device: torch.device, warmup: int = WARMUP,
             fn()
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, seconds in zip(fns, times):
+        for fn, seconds in zip(fns, times, strict=False):
             synchronize(device)
             start = time.perf_counter()
             fn()
