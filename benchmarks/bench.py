@@ -191,8 +191,9 @@ def print_table(results: dict, device: torch.device, batch: int) -> None:
     refs = {r: results[r] for r in REFERENCES if r in results}
     forced = [r for c, r in results.items() if c.count("-") >= 2 and c.startswith("capsnet-")]
     best_forced = max((r["train_images_per_s"] for r in forced), default=None)
-    header = f"{'case':<28}{'train img/s':>12}" + "".join(f"{'x ' + r[:4]:>9}" for r in refs)
-    header += f"{'x best path':>12}{'infer img/s':>13}" + "".join(f"{'x ' + r[:4]:>9}" for r in refs)
+    ratios = "".join(f"{'x ' + r[:4]:>9}" for r in refs)
+    header = f"{'case':<28}{'train img/s':>12}" + ratios
+    header += f"{'x best path':>12}{'infer img/s':>13}" + ratios
     if any("peak_mb" in r for r in results.values()):
         header += f"{'peak MB':>9}"
     print(header)

@@ -5,5 +5,5 @@ from capsnet.config import CapsNetConfig, CNNConfig, make_config  # noqa: E402
 from capsnet.inference import predict  # noqa: E402
 from capsnet.models import CapsNet, CNNBaseline, build_model  # noqa: E402
 
-__all__ = ["CapsNet", "CapsNetConfig", "CNNBaseline", "CNNConfig", "build_model", "make_config", "predict",
-           "__version__"]
+__all__ = ["CapsNet", "CapsNetConfig", "CNNBaseline", "CNNConfig", "build_model", "make_config",
+           "predict", "__version__"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,7 +26,7 @@ WEIGHTS_SUFFIX = ".safetensors"
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "capsnet-mnist.safetensors"
 
-ModelSource = Union[None, str, os.PathLike, nn.Module]
+ModelSource = None | str | os.PathLike | nn.Module
 
 
 class CheckpointError(ValueError):

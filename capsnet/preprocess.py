@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -37,7 +36,7 @@ MIN_CONTRAST = 40  # grey levels (of 255) between background and ink, else "no i
 NOISE_FRACTION = 0.25  # stretched values below this are background noise -> 0
 MID_GREY = 128
 
-ImageSource = Union[str, os.PathLike, bytes, bytearray, Image.Image, np.ndarray]
+ImageSource = str | os.PathLike | bytes | bytearray | Image.Image | np.ndarray
 
 
 class PreprocessError(ValueError):

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real MNIST files when present, tiny fake IDX datasets, a small trained model."""
+"""Shared fixtures: real MNIST files when present, tiny fake IDX datasets, a small trained model."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,8 @@ import torch
 from capsnet.data.idx import write_idx
 
 REPO = Path(__file__).resolve().parents[1]
-MNIST_DIR = Path(os.environ.get("CAPSNET_TEST_MNIST_DIR", REPO.parent / "shared" / "data" / "mnist"))
+MNIST_DIR = Path(os.environ.get("CAPSNET_TEST_MNIST_DIR",
+                                REPO.parent / "shared" / "data" / "mnist"))
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 

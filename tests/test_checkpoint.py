@@ -55,7 +55,8 @@ def test_round_trip_gives_identical_outputs(tmp_path, name):
     x = torch.rand(3, 1, 28, 28)
     with torch.no_grad():
         a, b = model(x), loaded(x)
-    for t_a, t_b in zip(a if isinstance(a, tuple) else [a], b if isinstance(b, tuple) else [b], strict=False):
+    for t_a, t_b in zip(a if isinstance(a, tuple) else [a], b if isinstance(b, tuple) else [b],
+                        strict=False):
         assert torch.equal(t_a, t_b)
     payload = load_checkpoint(path)
     assert payload["epoch"] == 5 and payload["note"] == "hello"

@@ -100,7 +100,7 @@ def test_resume_matches_an_uninterrupted_run(model, tiny_mnist_dir, tmp_path):
     assert resumed["state_dict"].keys() == uninterrupted["state_dict"].keys()
     for name, tensor in uninterrupted["state_dict"].items():
         torch.testing.assert_close(resumed["state_dict"][name], tensor, rtol=0, atol=1e-6,
-                                   msg=lambda m: f"{name}: {m}")
+                                   msg=lambda m, name=name: f"{name}: {m}")
     for i, state in uninterrupted["optimizer"]["state"].items():
         for name in ["exp_avg", "exp_avg_sq"]:
             torch.testing.assert_close(resumed["optimizer"]["state"][i][name], state[name],

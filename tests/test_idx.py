@@ -94,7 +94,8 @@ def test_malformed_files_raise_idx_error_naming_the_file(tmp_path, content, reas
 def test_absurd_header_refused_before_allocating(tmp_path):
     path = write_bytes(tmp_path, idx_bytes(UINT8_CODE, (100000, 100000, 100000)))
     start = time.perf_counter()
-    with pytest.raises(IDXError, match=r"header claims 1000000000000000 bytes, more than the limit") as info:
+    with pytest.raises(IDXError,
+                       match=r"header claims 1000000000000000 bytes, more than the limit") as info:
         read_idx(path, max_bytes=SMALL_LIMIT)
     assert time.perf_counter() - start < 1.0
     assert path.name in str(info.value)

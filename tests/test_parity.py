@@ -43,7 +43,8 @@ def test_capsnet_matches_naive_reference_outputs_and_gradients():
     torch.testing.assert_close(model.digit_caps.W.grad, naive.digit_capsules.W.grad[0])
     torch.testing.assert_close(model.conv1.weight.grad, naive.conv_layer.weight.grad)
     naive_primary_grad = torch.stack([c.weight.grad for c in naive.primary_capsules.capsules], 1)
-    torch.testing.assert_close(model.primary_caps.conv.weight.grad, naive_primary_grad.flatten(0, 1))
+    torch.testing.assert_close(model.primary_caps.conv.weight.grad,
+                               naive_primary_grad.flatten(0, 1))
 
 
 def tiny_config() -> CapsNetConfig:
@@ -71,5 +72,6 @@ def test_compiled_model_matches_eager_outputs_and_gradients():
     capsule_loss(out_c, x, y).backward()
     torch.testing.assert_close(out_c.lengths, out_e.lengths, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out_c.reconstructions, out_e.reconstructions, rtol=1e-4, atol=1e-5)
-    for (name, p_e), p_c in zip(eager.named_parameters(), compiled_model.parameters(), strict=False):
+    for (name, p_e), p_c in zip(eager.named_parameters(), compiled_model.parameters(),
+                                strict=False):
         torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-3, atol=1e-5, msg=name)

@@ -50,7 +50,8 @@ def test_repeat_cli_writes_summary(tmp_path, tiny_mnist_dir, capsys):
     assert summary["test_errors"] == per_seed
     mean = sum(per_seed) / 2
     assert summary["test_error_mean"] == pytest.approx(mean)
-    assert summary["test_error_std"] == pytest.approx(math.sqrt(sum((e - mean) ** 2 for e in per_seed)))
+    assert summary["test_error_std"] == pytest.approx(
+        math.sqrt(sum((e - mean) ** 2 for e in per_seed)))
     assert 0.0 <= summary["ensemble_test_error"] <= 1.0
     assert "validation-selected" in summary["protocol"]
     assert "±" in capsys.readouterr().out

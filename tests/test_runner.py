@@ -83,7 +83,7 @@ def assert_same_run(resumed_dir, uninterrupted_dir):
     assert resumed["epoch"] == uninterrupted["epoch"]
     for name, tensor in uninterrupted["state_dict"].items():
         torch.testing.assert_close(resumed["state_dict"][name], tensor, rtol=0, atol=0,
-                                   msg=lambda m: f"{name}: {m}")
+                                   msg=lambda m, name=name: f"{name}: {m}")
     assert ([r["train_loss"] for r in read_metrics(resumed_dir)]
             == [r["train_loss"] for r in read_metrics(uninterrupted_dir)])
 

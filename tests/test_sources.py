@@ -71,7 +71,8 @@ def fake_spec(md5s: dict[str, str], mirrors: tuple[str, ...] = ()) -> DatasetSpe
     """A spec like MNIST's, for the fake files, with the given mirrors."""
     mnist = DATASETS["mnist"]
     files = {key: (name, md5s[name]) for key, (name, _) in mnist.files.items()}
-    return DatasetSpec(name="tiny", files=files, mirrors=mirrors, system_dirs=(), classes=mnist.classes)
+    return DatasetSpec(name="tiny", files=files, mirrors=mirrors, system_dirs=(),
+                       classes=mnist.classes)
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -116,22 +117,26 @@ def test_locate_order_data_dir_then_env_then_cache(tmp_path, monkeypatch):
     assert found["train_images"].parent == tmp_path / "arg"
     assert locate_dataset("mnist", download=False)["train_images"].parent == tmp_path / "env"
     monkeypatch.delenv("CAPSNET_DATA_DIR")
-    assert locate_dataset("mnist", download=False)["test_labels"].parent == tmp_path / "cache" / "mnist"
+    found = locate_dataset("mnist", download=False)
+    assert found["test_labels"].parent == tmp_path / "cache" / "mnist"
 
 
 def test_locate_accepts_dir_with_dataset_name(tmp_path, monkeypatch):
     write_fake_dataset(tmp_path / "arg" / "mnist")
     write_fake_dataset(tmp_path / "env" / "mnist")
     found = locate_dataset("mnist", data_dir=tmp_path / "arg", download=False)
-    assert set(found) == set(FILE_KEYS) and found["train_labels"].parent == tmp_path / "arg" / "mnist"
+    assert set(found) == set(FILE_KEYS)
+    assert found["train_labels"].parent == tmp_path / "arg" / "mnist"
     monkeypatch.setenv("CAPSNET_DATA_DIR", str(tmp_path / "env"))
-    assert locate_dataset("mnist", download=False)["train_labels"].parent == tmp_path / "env" / "mnist"
+    found = locate_dataset("mnist", download=False)
+    assert found["train_labels"].parent == tmp_path / "env" / "mnist"
 
 
 def test_locate_accepts_raw_and_gz_prefers_raw(tmp_path):
     write_fake_dataset(tmp_path / "d", gz=True)
     raw_name = MNIST_FILES[0]
-    (tmp_path / "d" / raw_name).write_bytes(gzip.decompress((tmp_path / "d" / f"{raw_name}.gz").read_bytes()))
+    gz_bytes = (tmp_path / "d" / f"{raw_name}.gz").read_bytes()
+    (tmp_path / "d" / raw_name).write_bytes(gzip.decompress(gz_bytes))
     (tmp_path / "d" / f"{MNIST_FILES[1]}.gz").unlink()
     write_fake_dataset(tmp_path / "raw_only", gz=False)
     shutil.copy(tmp_path / "raw_only" / MNIST_FILES[1], tmp_path / "d")

@@ -1,4 +1,4 @@
-"""`capsnet evaluate`: test-set accuracy, per-class accuracy and confusion matrix of a checkpoint."""
+"""`capsnet evaluate`: test accuracy, per-class accuracy and confusion matrix of a checkpoint."""
 from __future__ import annotations
 
 import argparse
@@ -38,7 +38,8 @@ def format_report(report: dict, classes: tuple[str, ...]) -> str:
              f"accuracy {report['accuracy']:.4f}   error {100 * report['error']:.2f}%", "",
              "per-class accuracy:"]
     width = max(len(c) for c in classes)
-    lines += [f"  {c:>{width}}  {a:.4f}" for c, a in zip(classes, report["per_class_accuracy"], strict=False)]
+    lines += [f"  {c:>{width}}  {a:.4f}"
+              for c, a in zip(classes, report["per_class_accuracy"], strict=False)]
     lines += ["", "confusion matrix (rows: true, columns: predicted):"]
     lines += ["  " + " ".join(f"{n:5d}" for n in row) for row in report["confusion"]]
     return "\n".join(lines)

@@ -30,7 +30,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def format_summary(s: dict) -> str:
-    runs = ", ".join(f"seed {seed}: {100 * e:.2f}%" for seed, e in zip(s["seeds"], s["test_errors"], strict=False))
+    runs = ", ".join(f"seed {seed}: {100 * e:.2f}%"
+                     for seed, e in zip(s["seeds"], s["test_errors"], strict=False))
     return (f"test error over {len(s['seeds'])} seeds ({s['protocol']}): "
             f"{100 * s['test_error_mean']:.2f} ± {100 * s['test_error_std']:.2f}%  [{runs}]\n"
             f"ensemble of {s['ensemble_size']} models (averaged capsule lengths): "

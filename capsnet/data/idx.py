@@ -109,15 +109,16 @@ def _read_header(f: BinaryIO, path: PathLike) -> tuple[np.dtype, tuple[int, ...]
         raise IDXError(path, f"IDX header has {ndim} dimensions, expected 1..{MAX_NDIM}")
     raw_dims = _read_up_to(f, ndim * DIM_SIZE)
     if len(raw_dims) < ndim * DIM_SIZE:
-        raise IDXError(path, f"truncated IDX header: {ndim} dimensions need {ndim * DIM_SIZE} bytes, "
-                             f"found {len(raw_dims)}")
+        raise IDXError(path, f"truncated IDX header: {ndim} dimensions need "
+                             f"{ndim * DIM_SIZE} bytes, found {len(raw_dims)}")
     shape = tuple(int(d) for d in np.frombuffer(raw_dims, dtype=">u4"))
     if any(d == 0 for d in shape):
         raise IDXError(path, f"IDX header has a zero dimension size: {shape}")
     return TYPE_CODES[type_code], shape
 
 
-def _read_payload(f: BinaryIO, path: PathLike, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+def _read_payload(f: BinaryIO, path: PathLike, dtype: np.dtype,
+                  shape: tuple[int, ...]) -> np.ndarray:
     """Read exactly the claimed payload into a new array; one byte more is an error."""
     array = np.empty(shape, dtype=dtype)
     view = memoryview(array).cast("B")
@@ -125,7 +126,8 @@ def _read_payload(f: BinaryIO, path: PathLike, dtype: np.dtype, shape: tuple[int
     while filled < claimed:
         n = f.readinto(view[filled:])
         if not n:
-            raise IDXError(path, f"truncated IDX file: header claims {claimed} bytes of data, found {filled}")
+            raise IDXError(path, f"truncated IDX file: header claims {claimed} bytes of data, "
+                                 f"found {filled}")
         filled += n
     if f.read(1):
         raise IDXError(path, f"IDX file has trailing bytes after the {claimed} bytes of data "
@@ -145,7 +147,8 @@ def read_idx(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
             dtype, shape = _read_header(f, path)
             claimed = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
             if claimed > max_bytes:
-                raise IDXError(path, f"header claims {claimed} bytes, more than the limit {max_bytes}")
+                raise IDXError(path, f"header claims {claimed} bytes, "
+                                     f"more than the limit {max_bytes}")
             array = _read_payload(f, path, dtype, shape)
         except GZIP_ERRORS as err:
             kind = "corrupt gzip data" if isinstance(f, gzip.GzipFile) else "read error"

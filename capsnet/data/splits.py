@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 
-def stratified_split(labels: torch.Tensor, val_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def stratified_split(labels: torch.Tensor, val_size: int,
+                     seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices (train, val) with ``val_size`` validation examples spread over the classes
     in proportion to their frequency. Deterministic for a seed; both sorted, disjoint, and
     together covering every index. labels: (N,) int64 on any device.

@@ -43,7 +43,8 @@ def reconstruction_figure(images: np.ndarray, reconstructions: np.ndarray, label
     for i in range(N):
         row, col = rows * (i // columns), i % columns
         color = WRONG_COLOR if wrong[i] else RIGHT_COLOR
-        show_image(axes[row, col], images[i], f"{int(labels[i])} \u2192 {int(predictions[i])}", color)
+        title = f"{int(labels[i])} \u2192 {int(predictions[i])}"
+        show_image(axes[row, col], images[i], title, color)
         show_image(axes[row + 1, col], reconstructions[i])
         if rows == 3 and wrong[i]:
             show_image(axes[row + 2, col], label_reconstructions[i])

@@ -6,4 +6,5 @@ from capsnet.layers.primary_caps import PrimaryCaps
 from capsnet.layers.routing import dynamic_routing
 from capsnet.layers.squash import full_precision, squash
 
-__all__ = ["Decoder", "DigitCaps", "GemmConv2d", "PrimaryCaps", "dynamic_routing", "full_precision", "squash"]
+__all__ = ["Decoder", "DigitCaps", "GemmConv2d", "PrimaryCaps", "dynamic_routing",
+           "full_precision", "squash"]

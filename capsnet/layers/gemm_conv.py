@@ -151,12 +151,14 @@ class _RowGemmConv2d(torch.autograd.Function):
             grad_patches = _chunk_of(buffer, positions, (end - first) * Kw * C)
             torch.mm(grad, w_rows[:, cols], out=grad_patches)  # (B*Gh*Gw, n*Kw*C)
             if widened is not buffer:
-                grad_patches = _chunk_of(widened, positions, grad_patches.shape[1]).copy_(grad_patches)
+                wide = _chunk_of(widened, positions, grad_patches.shape[1])
+                grad_patches = wide.copy_(grad_patches)
             grad_patches = grad_patches.view(B, grid[0], grid[1], end - first, Kw, C)
             for row in range(first, end):
                 target = grad_x_cl[:, row:row + last_row:stride[0]]  # (B, Gh, W, C)
                 for col in range(Kw):  # one (row, col)'s positions never overlap: plain adds
-                    target[:, :, col:col + last_col:stride[1]] += grad_patches[:, :, :, row - first, col]
+                    target[:, :, col:col + last_col:stride[1]] += (
+                        grad_patches[:, :, :, row - first, col])
         grad_x = grad_x_cl.to(x_cl.dtype).permute(0, 3, 1, 2) if need_x else None  # (B, C, H, W)
         grad_w = None
         if need_w:

@@ -35,7 +35,7 @@ def routing_steps(u_hat: torch.Tensor, iterations: int,
                 s = u.sum(dim=2) / J  # (B, J, D): softmax of zeros is 1/J
             else:
                 c = torch.softmax(b, dim=1)  # (B, J, I), sums to 1 over J
-                s = torch.matmul(c.unsqueeze(2), u).squeeze(2)  # (B, J, 1, I) @ (B, J, I, D) -> (B, J, D)
+                s = torch.matmul(c.unsqueeze(2), u).squeeze(2)  # (B,J,1,I) @ (B,J,I,D) -> (B,J,D)
             v = squash(s)  # (B, J, D)
             agreement = None
             if not last:

@@ -1,4 +1,4 @@
-"""CapsNet (Sabour, Frosst & Hinton 2017, Figure 1): Conv1 -> PrimaryCaps -> DigitCaps -> Decoder."""
+"""CapsNet (Sabour, Frosst & Hinton 2017, Fig. 1): Conv1 -> PrimaryCaps -> DigitCaps -> Decoder."""
 from __future__ import annotations
 
 from typing import NamedTuple

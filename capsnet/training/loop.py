@@ -45,7 +45,8 @@ def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: 
     seen = 0
     batches = order.split(options.batch_size)
     for step, idx in enumerate(batches, start=1):
-        x = random_shift(to_model_input(images[idx]), options.max_shift, generator)  # (B, 1, 28, 28)
+        x = to_model_input(images[idx])  # (B, 1, 28, 28)
+        x = random_shift(x, options.max_shift, generator)  # (B, 1, 28, 28)
         y = labels[idx]  # (B,)
         out = model(x, y)  # in the model's compute precision
         loss = model_loss(out, x, y, options.reconstruction_weight)  # float32
@@ -58,8 +59,9 @@ def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: 
         if step % options.check_every == 0 or step == len(batches):
             mean_loss = loss_sum.item() / seen
             if not math.isfinite(mean_loss):
+                first_step = max(1, step - options.check_every + 1)
                 raise NonFiniteLossError(f"training loss became {mean_loss} within steps "
-                                         f"{max(1, step - options.check_every + 1)}-{step} of the epoch")
+                                         f"{first_step}-{step} of the epoch")
             if on_progress is not None:
                 on_progress(seen, mean_loss, correct.item() / seen)
     return {"loss": loss_sum.item() / max(seen, 1), "accuracy": correct.item() / max(seen, 1),

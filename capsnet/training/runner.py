@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
 
 import torch
 from torch import nn
@@ -42,7 +41,7 @@ from capsnet.tuning import (
 
 Log = Callable[[str], None]
 # on_progress(examples_done, mean_loss, accuracy), or None
-Progress = Optional[Callable[[int, float, float], None]]
+Progress = Callable[[int, float, float], None] | None
 
 
 class Task:
