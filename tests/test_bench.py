@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from benchmarks import bench
@@ -12,6 +13,7 @@ from capsnet.config import CapsNetConfig
 from capsnet.models import CapsNet
 
 
+@pytest.mark.slow
 def test_bench_runs_every_cpu_case_and_writes_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     cases = bench.cases_for(torch.device("cpu"))

@@ -175,6 +175,7 @@ def test_errors_are_value_errors_for_the_cli():
                                                                   PreprocessError)
 
 
+@pytest.mark.slow
 def test_real_mnist_digits_come_back_as_mnist_made_them(mnist_dir):
     """MNIST test digits printed large, dark on a light page, and prepared again match the
     originals pixel for pixel (up to resampling): the same fit and centring as MNIST's."""

@@ -18,6 +18,7 @@ def stated_accuracy() -> float:
     return float(match.group(1)) / 100
 
 
+@pytest.mark.slow
 def test_shipped_model_reaches_the_stated_accuracy(mnist_dir):
     if not DEFAULT_WEIGHTS.is_file():
         pytest.fail(f"{DEFAULT_WEIGHTS} is missing: the package must ship a trained model")

@@ -275,6 +275,7 @@ def test_load_split_verify_detects_wrong_content(tmp_path):
 
 # ---- the real data, when present ------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MNIST_DIR.is_dir(), reason=f"no MNIST copy at {MNIST_DIR}")
 def test_real_mnist():
     train = load_split("mnist", "train", data_dir=MNIST_DIR, download=False, verify=True)

@@ -195,6 +195,7 @@ REAL_BATCH = 32  # more steps than the paper's 128 in the one epoch there is tim
 REAL_ACCURACY_BAR = 0.85  # measured 0.8995 (about 15 s on one busy CPU core); chance is 0.10
 
 
+@pytest.mark.slow
 def test_short_real_training_on_mnist_learns(mnist_dir):
     """The small CapsNet, one epoch on 5,000 real MNIST digits with the paper's Adam lr and
     shift augmentation: above 85% on 2,000 test digits. Fails if learning is broken."""
