@@ -65,7 +65,7 @@ def create_app(model: nn.Module) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = MAX_UPLOAD_BYTES
     model.eval()
     lock = threading.Lock()  # one model call at a time across the server's threads
-    decoder = getattr(model, "decoder", None)
+    has_decoder = getattr(model, "decoder", None) is not None
     has_routing = hasattr(model, "digit_caps")
     num_classes = model.config.num_classes
 
@@ -75,46 +75,64 @@ def create_app(model: nn.Module) -> Flask:
 
     @app.post("/api/predict")
     def api_predict():
-        if request.mimetype == MULTIPART and not request.files:
-            return error(f"empty upload: a {MULTIPART} request with no file (send the image "
-                         "as the field 'image', or as the raw request body)")
-        data = _uploaded_bytes()
-        if not data:
-            return error("empty upload: choose an image file or draw a digit")
-        try:
-            image = prepare_image(data)  # (28, 28) uint8
-        except ImageTooLargeError as exc:
-            return error(str(exc), HTTP_TOO_LARGE)
-        except PreprocessError as exc:
-            return error(str(exc))
-        with lock:
-            [p] = predict_prepared(model, image[None], ["upload"], TOP_K)
-            routing = routing_maps(model, image) if has_routing else None
-        return jsonify(digit=p.digit, length=p.length, lengths=p.lengths, top=p.top,
-                       pose=p.pose, input=png_data_url(p.image),
-                       reconstruction=(png_data_url(p.reconstruction)
-                                       if p.reconstruction is not None else None),
-                       routing=routing)
+        return _predict_response(model, lock, has_routing)
 
     @app.post("/api/decode")
     def api_decode():
-        if decoder is None:
-            return error("this model has no reconstruction decoder")
-        body = request.get_json(silent=True)
-        if not isinstance(body, dict):
-            return error("expected a JSON object {\"digit\": k, \"pose\": [numbers]}")
-        digit, pose = body.get("digit"), body.get("pose")
-        dim = model.config.digit_dim
-        if not isinstance(digit, int) or isinstance(digit, bool) or not 0 <= digit < num_classes:
-            return error(f"digit must be an integer in 0..{num_classes - 1}")
-        if (not isinstance(pose, list) or len(pose) != dim
-                or not all(_finite_number(v) for v in pose)):
-            return error(f"pose must be a list of {dim} finite numbers within "
-                         f"+-{MAX_POSE_VALUE}")
-        with lock:
-            vector = torch.tensor([pose], dtype=torch.float32, device=model_device(model))  # (1, D)
-            recon = to_uint8(decode_pose(model, vector, digit))[0]  # (28, 28)
-        return jsonify(reconstruction=png_data_url(recon))
+        return _decode_response(model, lock, has_decoder, num_classes)
+
+    _register_error_handlers(app)
+    return app
+
+
+def _predict_response(model: nn.Module, lock: threading.Lock, has_routing: bool):
+    """POST /api/predict: the uploaded image -> prediction, reconstruction and routing."""
+    if request.mimetype == MULTIPART and not request.files:
+        return error(f"empty upload: a {MULTIPART} request with no file (send the image "
+                     "as the field 'image', or as the raw request body)")
+    data = _uploaded_bytes()
+    if not data:
+        return error("empty upload: choose an image file or draw a digit")
+    try:
+        image = prepare_image(data)  # (28, 28) uint8
+    except ImageTooLargeError as exc:
+        return error(str(exc), HTTP_TOO_LARGE)
+    except PreprocessError as exc:
+        return error(str(exc))
+    with lock:
+        [p] = predict_prepared(model, image[None], ["upload"], TOP_K)
+        routing = routing_maps(model, image) if has_routing else None
+    return jsonify(digit=p.digit, length=p.length, lengths=p.lengths, top=p.top,
+                   pose=p.pose, input=png_data_url(p.image),
+                   reconstruction=(png_data_url(p.reconstruction)
+                                   if p.reconstruction is not None else None),
+                   routing=routing)
+
+
+def _decode_response(model: nn.Module, lock: threading.Lock, has_decoder: bool,
+                     num_classes: int):
+    """POST /api/decode: JSON {"digit": k, "pose": [D floats]} -> the decoded image."""
+    if not has_decoder:
+        return error("this model has no reconstruction decoder")
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        return error("expected a JSON object {\"digit\": k, \"pose\": [numbers]}")
+    digit, pose = body.get("digit"), body.get("pose")
+    dim = model.config.digit_dim
+    if not isinstance(digit, int) or isinstance(digit, bool) or not 0 <= digit < num_classes:
+        return error(f"digit must be an integer in 0..{num_classes - 1}")
+    if (not isinstance(pose, list) or len(pose) != dim
+            or not all(_finite_number(v) for v in pose)):
+        return error(f"pose must be a list of {dim} finite numbers within "
+                     f"+-{MAX_POSE_VALUE}")
+    with lock:
+        vector = torch.tensor([pose], dtype=torch.float32, device=model_device(model))  # (1, D)
+        recon = to_uint8(decode_pose(model, vector, digit))[0]  # (28, 28)
+    return jsonify(reconstruction=png_data_url(recon))
+
+
+def _register_error_handlers(app: Flask) -> None:
+    """Every error as JSON {"error": message}: 4xx for bad requests, 500 only for a bug."""
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
@@ -127,8 +145,6 @@ def create_app(model: nn.Module) -> Flask:
     def server_error(exc: Exception):
         app.logger.exception("unexpected error")
         return error(f"internal error ({type(exc).__name__})", HTTP_SERVER_ERROR)
-
-    return app
 
 
 def routing_maps(model: nn.Module, image: np.ndarray) -> dict:
