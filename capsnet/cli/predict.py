@@ -10,13 +10,14 @@ import numpy as np
 from PIL import Image
 
 from capsnet.cli.args import add_model_args, load_cli_model
+from capsnet.data.image_dataset import PIXEL_MAX
 from capsnet.inference import Prediction, predict_prepared
 from capsnet.preprocess import PreprocessError, prepare_image
 
 STDIN = "-"
 STDIN_NAME = "stdin"  # how an image read from stdin is named in the output
 ASCII_RAMP = " .:-=+*#%@"  # dark to bright
-PIXEL_LEVELS = 256
+PIXEL_LEVELS = PIXEL_MAX + 1
 
 
 def add_parser(subparsers) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from capsnet.data.image_dataset import PIXEL_MAX
 from capsnet.figures.common import (
     OTHER_COLOR,
     RIGHT_COLOR,
@@ -69,7 +70,7 @@ def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int],
     axes = np.atleast_1d(fig.subplots(1, len(grids), squeeze=False)[0])
     for ax, grid, digit in zip(axes, grids, digits, strict=True):
         H, W = grid.shape[2:]
-        ax.imshow(mosaic(grid), cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+        ax.imshow(mosaic(grid), cmap="gray", vmin=0, vmax=PIXEL_MAX, interpolation="nearest")
         ax.set_title(f"digit {digit}", fontsize=9)
         ax.set_xticks([s * (W + 1) + W / 2 for s in range(S)])
         ax.set_xticklabels([f"{d:+.2f}" for d in deltas], rotation=90, fontsize=6)

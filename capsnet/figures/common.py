@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from capsnet.data.image_dataset import PIXEL_MAX
+
 DPI = 100
 WRONG_COLOR = "tab:red"
 RIGHT_COLOR = "black"
@@ -39,7 +41,7 @@ def mosaic(tiles: np.ndarray, pad: int = 1, pad_value: int = PAD_VALUE) -> np.nd
 
 
 def show_image(ax, image: np.ndarray, title: str | None = None, color: str = RIGHT_COLOR) -> None:
-    ax.imshow(image, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+    ax.imshow(image, cmap="gray", vmin=0, vmax=PIXEL_MAX, interpolation="nearest")
     ax.set_xticks([])
     ax.set_yticks([])
     if title is not None:
