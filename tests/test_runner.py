@@ -127,3 +127,17 @@ def test_protocol_cli_resumes_and_refuses_another_task(tiny_mnist_dir, tmp_path,
     with pytest.raises(CheckpointError, match="a multimnist run"):
         train_affnist(protocol_settings(tiny_mnist_dir, run, 3), resume=str(run),
                       log=lambda _: None)
+
+
+def test_a_time_limit_stops_before_an_epoch_would_overrun_and_resume_finishes(tmp_path):
+    """After epoch 1 (which took some time) a limit of 0 s leaves no room for epoch 2: the run
+    stops there, checkpointed and marked incomplete, untested; --resume finishes it."""
+    lines = []
+    results = run_task(scripted(tmp_path, [0.3, 0.6, 0.4], time_limit=0.0), log=lines.append)
+    assert results["complete"] is False and results["epochs"] == 1 and "final" not in results
+    assert any("time limit" in line and "--resume" in line for line in lines)
+    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 1
+    assert json.loads((tmp_path / "results.json").read_text())["complete"] is False
+    done = run_task(scripted(tmp_path, [0.6, 0.4], epochs=3), resume=str(tmp_path),
+                    log=lambda _: None)
+    assert done["complete"] is True and done["epochs"] == 3 and done["best_epoch"] == 2

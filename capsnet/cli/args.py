@@ -116,6 +116,9 @@ def add_run_args(p: argparse.ArgumentParser, out_dir: str) -> None:
     p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",
                    help="continue a stopped run (its settings are reused; --epochs may extend "
                         "it and --lr-decay may change the decay from the next epoch on)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="stop before an epoch would end after SECONDS (checkpointed: continue "
+                        "with --resume), e.g. inside a job's time limit")
     p.set_defaults(default_out_dir=out_dir)
 
 

@@ -135,7 +135,8 @@ def _run(task: Task, resume: str | None, argv, log: Log, world: World) -> dict:
     _epochs(task, step_model, model, optimizer, scheduler, plan, state, world, log)
     results = None
     if world.is_main:
-        results = _final_report(task, model, state, log)
+        results = (_unfinished_report(task, state) if state.get("stopped_for_time")
+                   else _final_report(task, model, state, log))
     return distributed.broadcast_object(results, world)
 
 
@@ -154,11 +155,14 @@ def _epochs(task: Task, step_model, model, optimizer, scheduler, plan: SpeedPlan
     """Train until the last epoch or the target accuracy, checkpointing every epoch."""
     settings, run_dir = task.settings, Path(task.settings.out_dir)
     metrics = MetricsLog(run_dir) if world.is_main else None
+    start = time.perf_counter()
     try:
         for epoch in range(state["epoch"] + 1, settings.epochs + 1):
-            if state["reached_target"]:
+            if state["reached_target"] or _out_of_time(settings, start, state, epoch, log):
                 break
             row = _train_and_validate(task, step_model, model, optimizer, epoch, world)
+            state["last_epoch_seconds"] = time.perf_counter() - start - state.get("spent", 0.0)
+            state["spent"] = time.perf_counter() - start
             scheduler.step()
             improved = _select(row, state, epoch)
             target = settings.target_accuracy
@@ -167,7 +171,7 @@ def _epochs(task: Task, step_model, model, optimizer, scheduler, plan: SpeedPlan
             if world.is_main:
                 ckpt = dict(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
                             rng=rng_state(), train_settings=settings.to_dict(), metrics=row,
-                            speed_plan=plan.as_dict(), **state)
+                            speed_plan=plan.as_dict(), **_saved_state(state))
                 save_checkpoint(run_dir / "last.pt", model, **ckpt)
                 if improved:
                     save_checkpoint(run_dir / "best.pt", model, **ckpt)
@@ -182,6 +186,25 @@ def _epochs(task: Task, step_model, model, optimizer, scheduler, plan: SpeedPlan
     finally:
         if metrics is not None:
             metrics.close()
+
+
+def _out_of_time(settings: TrainSettings, start: float, state: dict, epoch: int,
+                 log: Log) -> bool:
+    """With a time limit, True when another epoch as long as the last would overrun it."""
+    if settings.time_limit is None or "last_epoch_seconds" not in state:
+        return False
+    elapsed = time.perf_counter() - start
+    if elapsed + state["last_epoch_seconds"] <= settings.time_limit:
+        return False
+    state["stopped_for_time"] = True
+    log(f"time limit of {settings.time_limit:.0f} s: stopping before epoch {epoch}; continue "
+        f"with --resume {settings.out_dir}")
+    return True
+
+
+def _saved_state(state: dict) -> dict:
+    """What a checkpoint keeps of the run's state (timings belong to this invocation)."""
+    return {k: state[k] for k in ("epoch", "best_val_accuracy", "best_epoch", "reached_target")}
 
 
 def _train_and_validate(task: Task, step_model, model, optimizer, epoch: int,
@@ -231,6 +254,14 @@ def epoch_line(row: dict, improved: bool) -> str:
     return " | ".join(parts)
 
 
+def _unfinished_report(task: Task, state: dict) -> dict:
+    """A run stopped by its time limit: where it stands, no test (that comes once, at the end)."""
+    results = {"task": task.name, "complete": False, "epochs": state["epoch"],
+               "best_epoch": state["best_epoch"], "best_val_accuracy": state["best_val_accuracy"]}
+    (Path(task.settings.out_dir) / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
 def _final_report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
     """The test set, once, for the final and (when it differs) the validation-selected
     model, both running as `capsnet evaluate` runs them with the run's --precision and
@@ -244,8 +275,8 @@ def _final_report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
     for m in (model, best):
         if m is not None:
             tune_for_inference(m.eval(), device, settings.precision, settings.conv_impl)
-    results = {"task": task.name, "epochs": state["epoch"], "best_epoch": state["best_epoch"],
-               "best_val_accuracy": state["best_val_accuracy"],
+    results = {"task": task.name, "complete": True, "epochs": state["epoch"],
+               "best_epoch": state["best_epoch"], "best_val_accuracy": state["best_val_accuracy"],
                "reached_target": state["reached_target"],
                **task.final_report(model, best, state, log)}
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")

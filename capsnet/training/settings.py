@@ -34,6 +34,7 @@ class TrainSettings:
     canvas: int | None = None  # affNIST: side of the canvas the digits are placed on
     test_limit: int | None = None  # affNIST: test on the first N test digits only
     test_pairs: int | None = None  # MultiMNIST: test pairs made from the test digits
+    time_limit: float | None = None  # seconds: stop (resumable) before an epoch would overrun
     out_dir: str = "runs/latest"
     progress: bool = True
 
@@ -47,7 +48,7 @@ class TrainSettings:
 
 
 # Always taken from the command that resumes a run; the rest are the run's own settings.
-RESUME_OVERRIDES = ("epochs", "device", "progress")
+RESUME_OVERRIDES = ("epochs", "device", "progress", "time_limit")
 
 
 def resume_checkpoint(path: str | Path) -> Path:
