@@ -33,18 +33,31 @@ class CapsNetConfig:
     digit_dim: int = 16
     routing_iterations: int = 3
     routing_full_graph: bool = False  # backpropagate through every routing iteration
+    # Section 7 (CIFAR-10): a "none-of-the-above" category in the routing softmax, a logit
+    # fixed at zero that takes a share of each input capsule's coupling but has no capsule.
+    none_of_the_above: bool = False
     decoder_hidden: tuple[int, ...] = (512, 1024)
     use_decoder: bool = True
+    dataset: str = "mnist"  # what the model was trained on (decides how own images are prepared)
+    class_names: tuple[str, ...] = ()  # the classes' names, index order; () = "0", "1", ...
 
     def __post_init__(self) -> None:
         if self.primary_grid < 1:
             raise ValueError(
-                f"image_size {self.image_size} is too small for conv kernels "
-                f"{self.conv1_kernel} and {self.primary_kernel} (stride {self.primary_stride})"
-            )
+                f"image size {self.image_size} is too small for the conv kernels "
+                f"{self.conv1_kernel} and {self.primary_kernel} (stride {self.primary_stride}): "
+                f"the smallest workable size is {self.smallest_image_size} pixels "
+                f"(--image-size N resizes the images)")
         if self.routing_iterations < 1:
             raise ValueError("routing_iterations must be at least 1")
-        object.__setattr__(self, "decoder_hidden", tuple(self.decoder_hidden))
+        _freeze_tuples(self, "decoder_hidden", "class_names")
+        _check_class_names(self)
+
+    @property
+    def smallest_image_size(self) -> int:
+        """The smallest input side with a 1x1 primary grid: Conv1's kernel, then one
+        PrimaryCaps kernel (17 for the paper's 9 and 9)."""
+        return self.conv1_kernel + self.primary_kernel - 1
 
     @property
     def conv1_grid(self) -> int:
@@ -78,10 +91,29 @@ class CNNConfig:
     conv_kernel: int = 5
     fc_hidden: tuple[int, ...] = (328, 192)
     dropout: float = 0.5
+    dataset: str = "mnist"  # what the model was trained on (decides how own images are prepared)
+    class_names: tuple[str, ...] = ()  # the classes' names, index order; () = "0", "1", ...
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "conv_channels", tuple(self.conv_channels))
-        object.__setattr__(self, "fc_hidden", tuple(self.fc_hidden))
+        _freeze_tuples(self, "conv_channels", "fc_hidden", "class_names")
+        _check_class_names(self)
+
+
+def _freeze_tuples(config, *names: str) -> None:
+    """Lists given for tuple fields (e.g. from JSON) become tuples: the config stays hashable."""
+    for name in names:
+        object.__setattr__(config, name, tuple(getattr(config, name)))
+
+
+def _check_class_names(config) -> None:
+    if config.class_names and len(config.class_names) != config.num_classes:
+        raise ValueError(f"{len(config.class_names)} class names for {config.num_classes} "
+                         f"classes")
+
+
+def class_names(config) -> list[str]:
+    """The classes' names in index order: the config's, else "0", "1", ..."""
+    return list(config.class_names) or [str(i) for i in range(config.num_classes)]
 
 
 MODEL_CONFIGS = {"capsnet": CapsNetConfig, "cnn": CNNConfig}
@@ -94,7 +126,15 @@ PRESETS: dict[str, dict[str, dict]] = {
         "capsnet": {"conv1_channels": 32, "primary_types": 8, "decoder_hidden": (64, 128)},
         "cnn": {"conv_channels": (16, 16, 8), "fc_hidden": (32, 24)},
     },
+    # Section 7: CIFAR-10 with 64 primary capsule types and a none-of-the-above category,
+    # trained on random 24x24 crops (PRESET_CROPS).
+    "cifar10": {"capsnet": {"primary_types": 64, "none_of_the_above": True}, "cnn": {}},
+    # Section 7: SVHN with 64 Conv1 channels, 16 types of 6-D primary capsules, 8-D capsules.
+    "svhn": {"capsnet": {"conv1_channels": 64, "primary_types": 16, "primary_dim": 6,
+                         "digit_dim": 8}, "cnn": {}},
 }
+# Training crops a preset asks for (random crops in training, the centre crop in evaluation).
+PRESET_CROPS: dict[str, int] = {"cifar10": 24}
 
 
 def make_config(model: str, preset: str = "paper", **overrides):

@@ -22,7 +22,7 @@ from torch import nn
 
 from capsnet.config import CapsNetConfig
 from capsnet.data.augment import to_model_input
-from capsnet.layers.routing import routing_steps
+from capsnet.layers.routing import routing_steps, uniform_share
 from capsnet.layers.squash import full_precision
 from capsnet.models.precision import autocast_to
 
@@ -113,11 +113,12 @@ def routing_trace(model: nn.Module, images: torch.Tensor) -> RoutingTrace:
         u = model.primary_caps(h)  # (B, I, 8) float32
     with torch.autocast(device_type=device.type, enabled=False):
         u_hat = model.digit_caps.predictions(full_precision(u))  # (B, J, I, D)
-        J = u_hat.shape[1]
+        caps = model.digit_caps
+        uniform = uniform_share(u_hat.shape[1], caps.none_of_the_above)
         couplings, agreements = [], []
-        for step in routing_steps(u_hat, model.digit_caps.iterations, model.digit_caps.full_graph):
+        for step in routing_steps(u_hat, caps.iterations, caps.full_graph, caps.none_of_the_above):
             c = step.c if step.c is not None else \
-                torch.full_like(u_hat[..., 0], 1.0 / J)  # (B, J, I): the uniform first couplings
+                torch.full_like(u_hat[..., 0], uniform)  # (B, J, I): the uniform first couplings
             agreement = step.agreement if step.agreement is not None else \
                 torch.matmul(u_hat, step.v.unsqueeze(-1)).squeeze(-1)  # (B, J, I)
             couplings.append(c)

@@ -31,8 +31,9 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="mnist", choices=sorted(DATASET_NAMES),
                         help="dataset name (default: mnist)")
     parser.add_argument("--data-dir", default=None,
-                        help="directory holding the dataset's files; default: "
-                             "$CAPSNET_DATA_DIR, then the user cache, then download")
+                        help="directory holding the dataset's files (for --dataset folder: the "
+                             "root holding train/<class>/ and optionally test/<class>/); "
+                             "default: $CAPSNET_DATA_DIR, then the user cache, then download")
     parser.add_argument("--no-download", dest="download", action="store_false",
                         help="never download; fail if the files are not found")
 
@@ -97,6 +98,7 @@ def add_recipe_args(p: argparse.ArgumentParser, models=("capsnet", "cnn")) -> No
     p.add_argument("--routing-iterations", type=int, default=DEFAULTS.routing_iterations)
     p.add_argument("--reconstruction-weight", type=float, default=DEFAULTS.reconstruction_weight,
                    help="0 trains CapsNet without the decoder")
+    add_image_args(p)
     p.add_argument("--subset", type=int, default=None,
                    help="train on the first N images of the training pool")
     p.add_argument("--val-size", type=int, default=DEFAULTS.val_size,
@@ -106,6 +108,21 @@ def add_recipe_args(p: argparse.ArgumentParser, models=("capsnet", "cnn")) -> No
     add_speed_args(p)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def add_image_args(p: argparse.ArgumentParser) -> None:
+    """How the training images are shaped: size, channels, crops, unreadable files."""
+    p.add_argument("--image-size", type=int, default=None, metavar="N",
+                   help="resize every image to N x N (default: the images' own size, which must "
+                        "then be the same for all)")
+    p.add_argument("--channels", type=int, default=None, choices=(1, 3),
+                   help="1 (grey) or 3 (RGB); default: grey if every image is grey, else RGB")
+    p.add_argument("--crop", type=int, default=None, metavar="N",
+                   help="train on random N x N crops (instead of shifts), evaluate the centre "
+                        "crop (the cifar10 preset crops 24x24)")
+    p.add_argument("--skip-bad-images", action="store_true",
+                   help="folder datasets: skip unreadable image files with a warning listing "
+                        "them, instead of stopping at the first")
 
 
 def add_run_args(p: argparse.ArgumentParser, out_dir: str) -> None:

@@ -1,4 +1,4 @@
-"""Batch preparation on the training device: scaling and the paper's random shift."""
+"""Batch preparation on the training device: scaling, the paper's random shifts, crops."""
 from __future__ import annotations
 
 import torch
@@ -23,12 +23,35 @@ def random_shift(images: torch.Tensor, max_shift: int,
     """
     if max_shift <= 0:
         return images
-    B, C, H, W = images.shape
     padded = F.pad(images, (max_shift,) * 4)  # (B, C, H + 2s, W + 2s)
-    offsets = torch.randint(0, 2 * max_shift + 1, (2, B), device=images.device,
-                            generator=generator)  # (2, B): top-left corner of each crop
-    rows = offsets[0, :, None] + torch.arange(H, device=images.device)  # (B, H)
-    cols = offsets[1, :, None] + torch.arange(W, device=images.device)  # (B, W)
-    batch = torch.arange(B, device=images.device)[:, None, None, None]
-    channel = torch.arange(C, device=images.device)[None, :, None, None]
-    return padded[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]  # (B, C, H, W)
+    return random_crop(padded, images.shape[-2], generator, images.shape[-1])  # (B, C, H, W)
+
+
+def random_crop(images: torch.Tensor, size: int, generator: torch.Generator | None = None,
+                width: int | None = None) -> torch.Tensor:
+    """A ``size`` x ``width`` (default square) window of each image at a random place.
+
+    images: (B, C, H, W) -> (B, C, size, width). One gather for the whole batch; the top-left
+    corners are uniform over the positions that keep the window inside the image.
+    """
+    B, C, H, W = images.shape
+    width = size if width is None else width
+    if size > H or width > W:
+        raise ValueError(f"a {size}x{width} crop does not fit {H}x{W} images")
+    device = images.device
+    top = torch.randint(0, H - size + 1, (B,), device=device, generator=generator)  # (B,)
+    left = torch.randint(0, W - width + 1, (B,), device=device, generator=generator)  # (B,)
+    rows = top[:, None] + torch.arange(size, device=device)  # (B, size)
+    cols = left[:, None] + torch.arange(width, device=device)  # (B, width)
+    batch = torch.arange(B, device=device)[:, None, None, None]
+    channel = torch.arange(C, device=device)[None, :, None, None]
+    return images[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]  # (B, C, s, w)
+
+
+def center_crop(images: torch.Tensor, size: int) -> torch.Tensor:
+    """The central ``size`` x ``size`` window of images (..., H, W) (a view)."""
+    H, W = images.shape[-2:]
+    if size > H or size > W:
+        raise ValueError(f"a {size}x{size} crop does not fit {H}x{W} images")
+    top, left = (H - size) // 2, (W - size) // 2
+    return images[..., top:top + size, left:left + size]

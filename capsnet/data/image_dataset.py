@@ -12,6 +12,7 @@ PIXEL_MAX = 255  # uint8 images: 0 (black) .. PIXEL_MAX (white); model inputs ar
 GREY_NDIM = 3  # (N, H, W)
 CHANNELS_NDIM = 4  # (N, C, H, W)
 CHANNEL_COUNTS = (1, 3)  # grey, RGB
+LUMA_WEIGHTS = (0.299, 0.587, 0.114)  # RGB -> grey, ITU-R 601 (Pillow's "L" conversion)
 
 
 @dataclass
@@ -76,3 +77,29 @@ class ImageDataset:
         index = torch.as_tensor(indices, dtype=torch.long, device=self.labels.device)
         return ImageDataset(self.images[index], self.labels[index], self.classes, self.name,
                             dict(self.info))
+
+    def resized(self, size: int) -> ImageDataset:
+        """Every image resized to ``size`` x ``size`` (antialiased bilinear, uint8 again)."""
+        if self.image_size == (size, size):
+            return self
+        x = self.images.unsqueeze(1) if self.images.dim() == GREY_NDIM else self.images
+        x = torch.nn.functional.interpolate(x.float(), size=(size, size), mode="bilinear",
+                                            antialias=True, align_corners=False)
+        x = x.round().clamp(0, PIXEL_MAX).to(torch.uint8)  # (N, C, size, size)
+        images = x.squeeze(1) if self.images.dim() == GREY_NDIM else x
+        return ImageDataset(images, self.labels, self.classes, self.name, dict(self.info))
+
+    def with_channels(self, channels: int) -> ImageDataset:
+        """Grey images (N, H, W) as (N, 3, H, W) RGB (the grey level in every channel), or
+        RGB images as grey (ITU-R 601 luma, as Pillow converts); the same data otherwise."""
+        if channels not in CHANNEL_COUNTS:
+            raise ValueError(f"channels must be one of {CHANNEL_COUNTS}, got {channels}")
+        if channels == self.channels:
+            return self
+        if channels == 3:
+            grey = self.images if self.images.dim() == GREY_NDIM else self.images[:, 0]
+            images = grey.unsqueeze(1).expand(-1, 3, -1, -1).contiguous()  # (N, 3, H, W)
+        else:
+            weights = torch.tensor(LUMA_WEIGHTS, device=self.images.device).view(1, 3, 1, 1)
+            images = (self.images.float() * weights).sum(1).round().to(torch.uint8)  # (N, H, W)
+        return ImageDataset(images, self.labels, self.classes, self.name, dict(self.info))

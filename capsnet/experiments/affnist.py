@@ -21,7 +21,7 @@ from capsnet.experiments.robustness import NamedModel
 from capsnet.models import count_parameters
 from capsnet.training import distributed
 from capsnet.training.distributed import World
-from capsnet.training.fit import prepare_data
+from capsnet.training.fit import data_overrides, prepare_data
 from capsnet.training.loop import StepOptions, evaluate, train_one_epoch
 from capsnet.training.runner import Log, Progress, Task, run_task
 from capsnet.training.settings import TrainSettings
@@ -97,7 +97,7 @@ class AffnistTask(Task):
         self.epoch_size = len(self.labels)
 
     def model_overrides(self) -> dict:
-        return {"image_size": self.canvas, "num_classes": len(self.data.train.classes)}
+        return data_overrides(self.settings, self.data, image_size=self.canvas)
 
     def describe(self, world: World) -> str:
         return (f"affNIST protocol: {self.settings.model} on {len(self.images)} MNIST digits at "

@@ -24,7 +24,7 @@ from capsnet.experiments.multimnist import (
 )
 from capsnet.training import distributed
 from capsnet.training.distributed import World
-from capsnet.training.fit import prepare_data
+from capsnet.training.fit import data_overrides, prepare_data
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.runner import Log, Progress, Task, run_task
 from capsnet.training.settings import TrainSettings
@@ -107,8 +107,8 @@ class MultiMnistTask(Task):
         self.epoch_size = len(self.labels)
 
     def model_overrides(self) -> dict:
-        return {"image_size": canvas_size(self.images.shape[-1], self.settings.max_shift),
-                "num_classes": len(self.data.train.classes)}
+        side = canvas_size(self.images.shape[-1], self.settings.max_shift)
+        return data_overrides(self.settings, self.data, image_size=side)
 
     def describe(self, world: World) -> str:
         side = canvas_size(self.images.shape[-1], self.settings.max_shift)

@@ -104,7 +104,7 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
     lengths (N, J); titles: N strings (red where ``wrong``); centres (G,) and field:
     the primary grid's receptive fields (:func:`capsnet.routing_trace.receptive_fields`)."""
     N, R, J = coupling_maps.shape[:3]
-    uniform = 1.0 / J
+    uniform = float(np.asarray(coupling_maps)[0, 0, 0].mean())  # iteration 1: every coupling equal
     columns = 2 + R + 1  # input, support, R coupling iterations, runner-up
     fig = Figure(figsize=(columns * PANEL_INCHES + 1.5, N * PANEL_INCHES + 0.6),
                  layout="constrained")

@@ -19,9 +19,10 @@ class DigitCaps(nn.Module):
     """
 
     def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int,
-                 iterations: int, full_graph: bool = False):
+                 iterations: int, full_graph: bool = False, none_of_the_above: bool = False):
         super().__init__()
         self.iterations, self.full_graph = iterations, full_graph
+        self.none_of_the_above = none_of_the_above
         self.W = nn.Parameter(W_INIT_STD * torch.randn(in_caps, out_caps, out_dim, in_dim))
 
     def predictions(self, u: torch.Tensor) -> torch.Tensor:
@@ -32,4 +33,5 @@ class DigitCaps(nn.Module):
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device_type=u.device.type, enabled=False):
             u_hat = self.predictions(full_precision(u))  # (B, J, I, D)
-            return dynamic_routing(u_hat, self.iterations, self.full_graph)  # (B, J, D)
+            return dynamic_routing(u_hat, self.iterations, self.full_graph,
+                                   self.none_of_the_above)  # (B, J, D)

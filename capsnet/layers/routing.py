@@ -18,13 +18,30 @@ class RoutingStep(NamedTuple):
     agreement: torch.Tensor | None  # (B, J, I) u_hat . v, added to the logits b
 
 
-def routing_steps(u_hat: torch.Tensor, iterations: int,
-                  full_graph: bool = False) -> Iterator[RoutingStep]:
+def couplings(b: torch.Tensor, none_of_the_above: bool = False) -> torch.Tensor:
+    """c = softmax of the logits b (B, J, I) over the J outputs. With
+    ``none_of_the_above`` the softmax has one more category whose logit is always zero
+    (the paper's section 7): c then sums to less than 1, the rest is routed nowhere."""
+    if not none_of_the_above:
+        return torch.softmax(b, dim=1)  # (B, J, I), sums to 1 over J
+    leak = torch.zeros_like(b[:, :1])  # (B, 1, I)
+    return torch.softmax(torch.cat([leak, b], dim=1), dim=1)[:, 1:]  # (B, J, I)
+
+
+def uniform_share(outputs: int, none_of_the_above: bool = False) -> float:
+    """The first iteration's coupling, the softmax of all-zero logits: 1/J (1/(J+1) with
+    the none-of-the-above category)."""
+    return 1.0 / (outputs + 1 if none_of_the_above else outputs)
+
+
+def routing_steps(u_hat: torch.Tensor, iterations: int, full_graph: bool = False,
+                  none_of_the_above: bool = False) -> Iterator[RoutingStep]:
     """Procedure 1, one :class:`RoutingStep` per iteration. See :func:`dynamic_routing`."""
     device_type = u_hat.device.type
     with torch.autocast(device_type=device_type, enabled=False):  # float32 under autocast too
         u_hat = full_precision(u_hat)
         J = u_hat.shape[1]
+        uniform = uniform_share(J, none_of_the_above)
         u_hat_routing = u_hat if full_graph else u_hat.detach()
         b = None  # (B, J, I) routing logits; None stands for all zeros
         for r in range(iterations):
@@ -32,9 +49,9 @@ def routing_steps(u_hat: torch.Tensor, iterations: int,
             u = u_hat if last else u_hat_routing
             if b is None:
                 c = None
-                s = u.sum(dim=2) / J  # (B, J, D): softmax of zeros is 1/J
+                s = u.sum(dim=2) * uniform  # (B, J, D): softmax of zeros is uniform
             else:
-                c = torch.softmax(b, dim=1)  # (B, J, I), sums to 1 over J
+                c = couplings(b, none_of_the_above)  # (B, J, I)
                 s = torch.matmul(c.unsqueeze(2), u).squeeze(2)  # (B,J,1,I) @ (B,J,I,D) -> (B,J,D)
             v = squash(s)  # (B, J, D)
             agreement = None
@@ -44,7 +61,8 @@ def routing_steps(u_hat: torch.Tensor, iterations: int,
             yield RoutingStep(c, v, agreement)
 
 
-def dynamic_routing(u_hat: torch.Tensor, iterations: int, full_graph: bool = False) -> torch.Tensor:
+def dynamic_routing(u_hat: torch.Tensor, iterations: int, full_graph: bool = False,
+                    none_of_the_above: bool = False) -> torch.Tensor:
     """Route prediction vectors ``u_hat`` to output capsules by agreement.
 
     u_hat: (B, J, I, D), the predictions of the I input capsules for the J output capsules,
@@ -55,9 +73,10 @@ def dynamic_routing(u_hat: torch.Tensor, iterations: int, full_graph: bool = Fal
     first couplings are uniform, c = 1/J, and that softmax is skipped; later couplings are
     a softmax over the J output capsules; b grows by the agreement u_hat . v. Unless
     ``full_graph``, gradients flow through the last iteration only (the earlier iterations
-    see a detached u_hat), as in most reference code. Runs in float32 (or float64) even
+    see a detached u_hat), as in most reference code. ``none_of_the_above`` adds the
+    paper's extra routing category (:func:`couplings`). Runs in float32 (or float64) even
     under autocast.
     """
-    for step in routing_steps(u_hat, iterations, full_graph):
+    for step in routing_steps(u_hat, iterations, full_graph, none_of_the_above):
         v = step.v
     return v

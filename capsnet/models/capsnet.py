@@ -33,7 +33,8 @@ class CapsNet(nn.Module):
         self.primary_caps = PrimaryCaps(cfg.conv1_channels, cfg.primary_types, cfg.primary_dim,
                                         cfg.primary_kernel, cfg.primary_stride)
         self.digit_caps = DigitCaps(cfg.num_primary_caps, cfg.primary_dim, cfg.num_classes,
-                                    cfg.digit_dim, cfg.routing_iterations, cfg.routing_full_graph)
+                                    cfg.digit_dim, cfg.routing_iterations, cfg.routing_full_graph,
+                                    cfg.none_of_the_above)
         image_shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
         self.decoder = (Decoder(cfg.num_classes, cfg.digit_dim, cfg.decoder_hidden, image_shape)
                         if cfg.use_decoder else None)

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from capsnet.data.datasets import ImageDataset, load_dataset
+from capsnet.config import PRESET_CROPS
+from capsnet.data.augment import center_crop
+from capsnet.data.datasets import FOLDER, ImageDataset, load_dataset
+from capsnet.data.folder import format_skipped_warning
 from capsnet.data.splits import epoch_order, epoch_seed, stratified_split
 from capsnet.training import distributed
 from capsnet.training.distributed import World
@@ -25,15 +28,65 @@ class RunData:
     test: ImageDataset
     train_idx: torch.Tensor  # (M,) indices used for training
     val_idx: torch.Tensor  # (V,) held-out validation indices, possibly empty
+    crop: int | None = None  # training crops; train.images are uncropped, test is cropped
+
+    @property
+    def model_size(self) -> int:
+        """The side of the model's input: the crop, else the (square) images' own."""
+        return self.crop or self.train.image_size[0]
+
+    def validation(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Held-out images (V, ...) as the model sees them (centre-cropped) and labels (V,)."""
+        images = self.train.images[self.val_idx]
+        return (images if self.crop is None else center_crop(images, self.crop),
+                self.train.labels[self.val_idx])
 
 
-def prepare_data(settings: TrainSettings, device: torch.device) -> RunData:
+def load_run_datasets(settings: TrainSettings, log: Log = print) -> tuple[ImageDataset,
+                                                                          ImageDataset]:
+    """The run's (train, test) datasets, at the requested size and channels. A folder is
+    decoded once (then cached) with those options; other datasets are adapted in memory."""
+    s = settings
+    if s.dataset == FOLDER:
+        train, test = load_dataset(s.dataset, s.data_dir, s.download, image_size=s.image_size,
+                                   channels=s.channels, seed=s.seed, skip_bad=s.skip_bad_images,
+                                   progress=s.progress)
+        warning = format_skipped_warning(train.info)
+        if warning:
+            log(warning)
+    else:
+        train, test = load_dataset(s.dataset, s.data_dir, s.download)
+        if s.image_size is not None:
+            train, test = train.resized(s.image_size), test.resized(s.image_size)
+        if s.channels is not None:
+            train, test = train.with_channels(s.channels), test.with_channels(s.channels)
+    height, width = train.image_size
+    if height != width:
+        raise ValueError(f"the {s.dataset} images are {height}x{width}; the model takes square "
+                         f"images: pass --image-size N to resize them")
+    return train, test
+
+
+def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print) -> RunData:
     """Load the dataset, carve the validation split, apply --subset, move to ``device``."""
-    train, test = load_dataset(settings.dataset, settings.data_dir, settings.download)
+    train, test = load_run_datasets(settings, log)
     train_idx, val_idx = stratified_split(train.labels, settings.val_size, settings.seed)
     if settings.subset is not None:
         train_idx = train_idx[: settings.subset]
-    return RunData(train.to(device), test.to(device), train_idx.to(device), val_idx.to(device))
+    crop = settings.crop or PRESET_CROPS.get(settings.preset)
+    test = test.to(device)
+    if crop is not None:
+        test = ImageDataset(center_crop(test.images, crop), test.labels, test.classes,
+                            test.name, test.info)
+    return RunData(train.to(device), test, train_idx.to(device), val_idx.to(device), crop)
+
+
+def data_overrides(settings: TrainSettings, data: RunData, image_size: int | None = None) -> dict:
+    """What the data decides in the model's config: input size (``image_size`` for a
+    canvas), channels, classes and their names, and the dataset's name."""
+    return {"image_size": image_size or data.model_size, "in_channels": data.train.channels,
+            "num_classes": len(data.train.classes), "class_names": tuple(data.train.classes),
+            "dataset": settings.dataset}
 
 
 class ClassifyTask(Task):
@@ -47,8 +100,7 @@ class ClassifyTask(Task):
         self.epoch_size = len(self.data.train_idx)
 
     def model_overrides(self) -> dict:
-        return {"image_size": self.data.train.images.shape[-1],
-                "num_classes": len(self.data.train.classes)}
+        return data_overrides(self.settings, self.data)
 
     def describe(self, world: World) -> str:
         d = self.data
@@ -64,7 +116,7 @@ class ClassifyTask(Task):
         generator = torch.Generator(device=device).manual_seed(
             epoch_seed(s.seed, epoch) + 1 + world.rank)
         options = StepOptions(distributed.per_rank_batch(s.batch_size, world), s.max_shift,
-                              s.reconstruction_weight)
+                              s.reconstruction_weight, crop=self.data.crop)
         result = train_one_epoch(model, optimizer, self.data.train.images, self.data.train.labels,
                                  order, options, generator, on_progress)
         return {"train_loss": result["loss"], "train_accuracy": result["accuracy"],
@@ -75,8 +127,7 @@ class ClassifyTask(Task):
         kwargs = dict(world=world, num_classes=len(d.train.classes),
                       reconstruction_weight=self.settings.reconstruction_weight)
         if len(d.val_idx):
-            val = distributed.evaluate_sharded(model, d.train.images[d.val_idx],
-                                               d.train.labels[d.val_idx], **kwargs)
+            val = distributed.evaluate_sharded(model, *d.validation(), **kwargs)
             row.update(val_loss=val.loss, val_accuracy=val.accuracy)
         if self.settings.monitor_test:
             test = distributed.evaluate_sharded(model, d.test.images, d.test.labels, **kwargs)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from capsnet.data.augment import random_shift, to_model_input
+from capsnet.data.augment import random_crop, random_shift, to_model_input
 from capsnet.losses import model_loss
 from capsnet.models import class_scores
 
@@ -25,6 +25,7 @@ class StepOptions:
     max_shift: int = 2  # the paper's augmentation: shifts of up to 2 pixels
     reconstruction_weight: float = 0.0005
     check_every: int = 20  # steps between loss read-backs (finite check, progress)
+    crop: int | None = None  # random crops of this size (the paper's CIFAR-10 24x24), not shifts
 
 
 def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
@@ -45,8 +46,7 @@ def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: 
     seen = 0
     batches = order.split(options.batch_size)
     for step, idx in enumerate(batches, start=1):
-        x = to_model_input(images[idx])  # (B, 1, 28, 28)
-        x = random_shift(x, options.max_shift, generator)  # (B, 1, 28, 28)
+        x = augment(to_model_input(images[idx]), options, generator)  # (B, C, H, W)
         y = labels[idx]  # (B,)
         out = model(x, y)  # in the model's compute precision
         loss = model_loss(out, x, y, options.reconstruction_weight)  # float32
@@ -66,6 +66,16 @@ def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: 
                 on_progress(seen, mean_loss, correct.item() / seen)
     return {"loss": loss_sum.item() / max(seen, 1), "accuracy": correct.item() / max(seen, 1),
             "steps": len(batches)}
+
+
+def augment(x: torch.Tensor, options: StepOptions,
+            generator: torch.Generator | None = None) -> torch.Tensor:
+    """The training augmentation of a float batch (B, C, H, W): a random ``crop`` when one
+    is asked for (the crop is the translation), else random shifts of up to ``max_shift``
+    pixels with zero fill."""
+    if options.crop is not None:
+        return random_crop(x, options.crop, generator)  # (B, C, crop, crop)
+    return random_shift(x, options.max_shift, generator)  # (B, C, H, W)
 
 
 @dataclass

@@ -12,7 +12,7 @@ class TrainSettings:
     task: str = "classify"  # 'classify' (the paper's recipe), 'affnist' or 'multimnist'
     model: str = "capsnet"  # 'capsnet' or 'cnn'
     preset: str = "paper"  # layer sizes: 'paper' or 'small'
-    dataset: str = "mnist"  # 'mnist' or 'fashion-mnist'
+    dataset: str = "mnist"  # mnist, fashion-mnist, cifar10, svhn, or folder (data_dir = its root)
     data_dir: str | None = None
     download: bool = True
     epochs: int = 10
@@ -22,6 +22,10 @@ class TrainSettings:
     routing_iterations: int = 3
     reconstruction_weight: float = 0.0005  # 0 trains CapsNet without its decoder
     max_shift: int = 2  # random translation augmentation, pixels
+    crop: int | None = None  # random crops in training (instead of shifts), centre crop to evaluate
+    image_size: int | None = None  # resize the images to N x N (default: their own size)
+    channels: int | None = None  # 1 (grey) or 3 (RGB); default: the data's own
+    skip_bad_images: bool = False  # folders: skip unreadable files (with a warning), don't fail
     subset: int | None = None  # train on the first N images of the training pool
     val_size: int = 5000  # held out of the training set, stratified; 0 for none
     seed: int = 0

@@ -156,7 +156,8 @@ def routing_maps(model: nn.Module, image: np.ndarray) -> dict:
     J = couplings.shape[1]
     centres, field = receptive_fields(model.config)
     return {"iterations": trace.iterations, "capsules": J, "grid": trace.grid,
-            "types": trace.types, "centres": centres, "field": field, "uniform": 1.0 / J,
+            "types": trace.types, "centres": centres, "field": field,
+            "uniform": float(trace.couplings[0, 0, 0, 0]),  # iteration 1: all couplings equal
             "couplings": _rounded(couplings), "support": _rounded(support),
             "shares": _rounded(trace.routed_shares()[0].cpu()),  # (R, J)
             "coupling_spread": float((couplings - 1.0 / J).abs().max()),
