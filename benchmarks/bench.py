@@ -14,7 +14,9 @@ cases:
 - ``capsnet``: what ``capsnet train`` runs with its defaults: the plan measured for this
   machine (precision and each convolution's implementation, ``capsnet.tuning``);
 - ``capsnet-<precision>-<path>``: capsnet forced to one precision and one convolution path;
-- on GPUs, ``capsnet-compile``: the measured plan under ``torch.compile``.
+- on GPUs, ``capsnet-compile``: the measured plan under ``torch.compile``; on request
+  (``--cases``), ``capsnet-cudagraphs``: the same compiled with CUDA graphs
+  (``mode="reduce-overhead"``).
 
 It prints the CPU model and flags (or the GPU), the measured plan, images/s for a training
 step (forward, backward, Adam) and for inference, and ratios against both references and
@@ -49,6 +51,9 @@ from capsnet.tuning import (  # noqa: E402
 )
 
 REFERENCES = ("seed-style", "broadcast-style")
+# torch.compile modes of the compiled cases; 'reduce-overhead' replays CUDA graphs (GPU only,
+# not among cases_for's defaults: benchmarks/gpu_campaign.py times it on its own)
+COMPILE_MODES = {"compile": "default", "cudagraphs": "reduce-overhead"}
 SHOWN_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
@@ -65,7 +70,7 @@ def cases_for(device: torch.device, skip_reference: bool = False) -> list[str]:
 
 
 def plan_for_case(case: str, model, device: torch.device, batch: int) -> SpeedPlan:
-    """The measured plan for 'capsnet' (and '-compile'); the forced one otherwise."""
+    """The measured plan for 'capsnet' (and its compiled cases); the forced one otherwise."""
     parts = case.split("-")
     if len(parts) == 3 and parts[1] in PRECISIONS:
         precision, impl = parts[1], "-".join(parts[2:])
@@ -106,9 +111,12 @@ def build(case: str, device: torch.device, batch: int):
         model = CapsNet().to(device)
         plan = plan_for_case(case, model, device, batch)
         apply_plan(model, plan)
-        run = torch.compile(model) if case.endswith("compile") else model
+        mode = COMPILE_MODES.get(case.removeprefix("capsnet-"))
+        run = model if mode is None else torch.compile(model, mode=mode)
 
         def forward_loss():
+            if case == "capsnet-cudagraphs":  # a new step: earlier graph outputs may be reused
+                torch.compiler.cudagraph_mark_step_begin()
             return model_loss(run(x, y), x, y)
 
         def infer():
