@@ -6,6 +6,7 @@ kernels and the stride (1152 = 32 types x 6 x 6 for a 28x28 input).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -40,6 +41,7 @@ class CapsNetConfig:
     use_decoder: bool = True
     dataset: str = "mnist"  # what the model was trained on (decides how own images are prepared)
     class_names: tuple[str, ...] = ()  # the classes' names, index order; () = "0", "1", ...
+    uncropped_size: int | None = None  # trained on crops: the side of the images cut from
 
     def __post_init__(self) -> None:
         if self.primary_grid < 1:
@@ -51,7 +53,7 @@ class CapsNetConfig:
         if self.routing_iterations < 1:
             raise ValueError("routing_iterations must be at least 1")
         _freeze_tuples(self, "decoder_hidden", "class_names")
-        _check_class_names(self)
+        _check_data_fields(self)
 
     @property
     def smallest_image_size(self) -> int:
@@ -93,10 +95,11 @@ class CNNConfig:
     dropout: float = 0.5
     dataset: str = "mnist"  # what the model was trained on (decides how own images are prepared)
     class_names: tuple[str, ...] = ()  # the classes' names, index order; () = "0", "1", ...
+    uncropped_size: int | None = None  # trained on crops: the side of the images cut from
 
     def __post_init__(self) -> None:
         _freeze_tuples(self, "conv_channels", "fc_hidden", "class_names")
-        _check_class_names(self)
+        _check_data_fields(self)
 
 
 def _freeze_tuples(config, *names: str) -> None:
@@ -105,15 +108,56 @@ def _freeze_tuples(config, *names: str) -> None:
         object.__setattr__(config, name, tuple(getattr(config, name)))
 
 
-def _check_class_names(config) -> None:
+def _check_data_fields(config) -> None:
     if config.class_names and len(config.class_names) != config.num_classes:
         raise ValueError(f"{len(config.class_names)} class names for {config.num_classes} "
                          f"classes")
+    if config.uncropped_size is not None and config.uncropped_size < config.image_size:
+        raise ValueError(f"uncropped_size {config.uncropped_size} is smaller than the "
+                         f"{config.image_size}x{config.image_size} crops")
 
 
 def class_names(config) -> list[str]:
     """The classes' names in index order: the config's, else "0", "1", ..."""
     return list(config.class_names) or [str(i) for i in range(config.num_classes)]
+
+
+# Datasets of handwritten digits: own images are made like MNIST's (capsnet.preprocess).
+# Fashion-MNIST is not one: its items are photographed objects, light on a dark ground,
+# filling the frame; MNIST's crop-to-ink and 20x20 fit would change them, so they are only
+# resized like any other dataset's.
+DIGIT_DATASETS = ("mnist",)
+
+
+def is_digit_model(config) -> bool:
+    """True for a grey model trained on handwritten digits (DIGIT_DATASETS), whose inputs
+    are prepared as MNIST was made; every other model's inputs are plainly resized."""
+    return config.dataset in DIGIT_DATASETS and config.in_channels == 1
+
+
+def label_of(config, index: int) -> str:
+    """How class ``index`` is named in text: "7" for digits named by their index, else the
+    name with the index, "Sneaker (7)"."""
+    return indexed_name(class_names(config), index)
+
+
+def indexed_name(names: Sequence[str], index: int) -> str:
+    """names[index], followed by " (index)" unless the name is the index itself."""
+    name = names[index]
+    return name if name == str(index) else f"{name} ({index})"
+
+
+def class_index(config, text: str) -> int:
+    """A class named on the command line, by index ("7") or by name ("Sneaker"), -> its
+    index; ValueError naming the classes when there is no such class."""
+    names = class_names(config)
+    if text in names:
+        return names.index(text)
+    if text.lstrip("-").isdigit() and 0 <= int(text) < len(names):
+        return int(text)
+    named = any(name != str(j) for j, name in enumerate(names))
+    listed = f" ({', '.join(f'{j}={n}' for j, n in enumerate(names))})" if named else ""
+    raise ValueError(f"no class {text!r}: the model's classes are 0..{len(names) - 1}{listed}")
 
 
 MODEL_CONFIGS = {"capsnet": CapsNetConfig, "cnn": CNNConfig}

@@ -4,7 +4,8 @@ The exported model takes float images (B, C, H, W) in [0, 1] (B is dynamic) and 
 CapsNet's capsule lengths (B, J) and the reconstructions (B, C, H, W) of the predicted
 class (lengths alone for a CapsNet without decoder; the CNN baseline returns its softmax
 probabilities (B, J)). The model's configuration and these names are stored in the file
-(ONNX metadata_props, TorchScript extra file ``capsnet.json``).
+(ONNX metadata_props, TorchScript extra file ``capsnet.json``), with the input shape
+and the classes' names in output order.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from capsnet.config import config_to_dict
+from capsnet.config import class_names, config_to_dict
 from capsnet.loading import WEIGHTS_FORMAT, WEIGHTS_SUFFIX, load_checkpoint, load_model
 from capsnet.models import CapsNet, model_name_of
 
@@ -60,12 +61,14 @@ def output_names(model: nn.Module) -> list[str]:
 
 
 def describe(model: nn.Module) -> dict:
-    """What is stored with an exported file: model name, config, input and output names."""
+    """What is stored with an exported file: model name, config, the input's name, shape
+    (B, C, H, W) and range, the output names, and the classes' names in output order."""
     cfg = model.config
     return {"format": "capsnet-export", "model": model_name_of(cfg),
             "config": config_to_dict(cfg), "input": INPUT_NAME,
             "input_shape": [BATCH_AXIS, cfg.in_channels, cfg.image_size, cfg.image_size],
-            "input_range": [0.0, 1.0], "outputs": output_names(model)}
+            "input_range": [0.0, 1.0], "outputs": output_names(model),
+            "class_names": class_names(cfg), "dataset": cfg.dataset}
 
 
 def example_input(model: nn.Module, batch: int = EXAMPLE_BATCH) -> torch.Tensor:

@@ -1,12 +1,16 @@
-"""Using a trained model: predict digits in your own images, reconstruct, move capsule poses.
+"""Using a trained model: predict the class of your own images, reconstruct, move capsule poses.
 
     >>> from capsnet.inference import predict
     >>> [p] = predict("my_digit.jpg", model="runs/latest/best.pt")
-    >>> p.digit, p.length, p.alternatives
-    (7, 0.93, [(1, 0.12), (9, 0.08)])
+    >>> p.class_name, p.index, p.length, p.alternatives
+    ('7', 7, 0.93, [(1, 0.12), (9, 0.08)])
 
-Everything here takes the model's device from its parameters; inputs are MNIST-like uint8
-images (N, 28, 28) made by :mod:`capsnet.preprocess` or taken from a dataset.
+Everything here takes the model's device from its parameters. Model inputs are uint8
+images in the model layout, (N, H, W) or (N, C, H, W), made by
+:func:`capsnet.preprocess.prepare_for_model` or taken from a dataset
+(:func:`capsnet.data.model_view.load_test_set`). Images handed back for showing
+(``Prediction.image`` and ``.reconstruction``, :func:`to_uint8`) are uint8 in the display
+layout: (H, W) grey or (H, W, 3) RGB, channels last, as PIL, matplotlib and PNG take them.
 """
 from __future__ import annotations
 
@@ -19,32 +23,48 @@ import numpy as np
 import torch
 from torch import nn
 
+from capsnet.config import class_names
 from capsnet.data.augment import to_model_input
-from capsnet.data.image_dataset import PIXEL_MAX
+from capsnet.data.image_dataset import PIXEL_MAX, display_images
 from capsnet.loading import ModelSource, load_model
 from capsnet.models import CapsuleOutput, class_scores
-from capsnet.preprocess import ImageSource, PreprocessError, prepare_image
+from capsnet.preprocess import ImageSource, PreprocessError, prepare_for_model
 
 # The paper's Figure 4: each pose dimension moved by -0.25 .. 0.25 in steps of 0.05.
 PERTURB_RANGE = 0.25
 PERTURB_STEP = 0.05
 BATCH_SIZE = 256
-
+RGB = 3
 
 
 @dataclass
 class Prediction:
-    """One image's result. ``length`` is the winning capsule's length (a softmax probability
-    for the CNN baseline); ``top`` lists (digit, length) best first, the winner included."""
+    """One image's result. ``index`` is the predicted class, ``class_name`` its name ("7"
+    for MNIST); ``digit`` is the same index (the field MNIST-era consumers read).
+    ``length`` is the winning capsule's length (a softmax probability for the CNN
+    baseline); ``top`` lists (index, length) best first, the winner included. Images are
+    uint8 in the display layout, (H, W) grey or (H, W, 3) RGB."""
 
     source: str
     digit: int
     length: float
     lengths: list[float]  # (J,) every class's capsule length
     top: list[tuple[int, float]]
-    image: np.ndarray  # (28, 28) uint8: the input as the model saw it
-    reconstruction: np.ndarray | None = None  # (28, 28) uint8; None without a decoder
+    image: np.ndarray  # (H, W) or (H, W, 3) uint8: the input as the model saw it
+    reconstruction: np.ndarray | None = None  # as image; None without a decoder
     pose: list[float] | None = field(default=None, repr=False)  # (D,) the winning capsule
+    class_names: list[str] = field(default_factory=list, repr=False)  # (J,) index order
+
+    @property
+    def index(self) -> int:
+        return self.digit
+
+    @property
+    def class_name(self) -> str:
+        return self.name_of(self.digit)
+
+    def name_of(self, index: int) -> str:
+        return self.class_names[index] if self.class_names else str(index)
 
     @property
     def alternatives(self) -> list[tuple[int, float]]:
@@ -52,9 +72,12 @@ class Prediction:
         return self.top[1:]
 
     def as_dict(self) -> dict:
-        """JSON-ready fields (images left out)."""
-        return {"source": self.source, "digit": self.digit, "length": self.length,
-                "alternatives": [{"digit": d, "length": s} for d, s in self.alternatives],
+        """JSON-ready fields (images left out): "class" (the name), "index" and "digit"
+        (both the index), "length", "alternatives" and every class's "lengths"."""
+        return {"source": self.source, "class": self.class_name, "index": self.digit,
+                "digit": self.digit, "length": self.length,
+                "alternatives": [{"class": self.name_of(d), "index": d, "digit": d, "length": s}
+                                 for d, s in self.alternatives],
                 "lengths": self.lengths}
 
 
@@ -63,22 +86,26 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 def image_batch(images: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """uint8 images (N, H, W) -> float model input (N, 1, H, W) on ``device``."""
+    """uint8 images (N, H, W) or (N, C, H, W) -> float model input (N, C, H, W) on ``device``."""
     return to_model_input(torch.as_tensor(np.asarray(images), dtype=torch.uint8, device=device))
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
-    """Float grey images (..., 1, H, W) in [0, 1] -> uint8 numpy (..., H, W)."""
-    grey = images.select(-3, 0).float().clamp(0, 1)  # (..., H, W)
-    return (grey * PIXEL_MAX).round().to(torch.uint8).cpu().numpy()
+    """Float images (..., C, H, W) in [0, 1], C = 1 or 3 -> uint8 numpy in the display
+    layout: (..., H, W) grey or (..., H, W, 3) RGB, every channel kept."""
+    pixels = (images.float().clamp(0, 1) * PIXEL_MAX).round().to(torch.uint8)  # (..., C, H, W)
+    if pixels.shape[-3] == RGB:
+        return pixels.movedim(-3, -1).cpu().numpy()  # (..., H, W, 3)
+    return pixels.select(-3, 0).cpu().numpy()  # (..., H, W)
 
 
 @torch.no_grad()
 def run_model(model: nn.Module, images: np.ndarray | torch.Tensor,
               batch_size: int = BATCH_SIZE) -> tuple[torch.Tensor, torch.Tensor | None,
                                                       torch.Tensor | None]:
-    """Scores (N, J), poses (N, J, D) or None, reconstructions (N, 1, H, W) or None for
-    uint8 images (N, H, W); reconstructions are decoded from the winning capsule."""
+    """Scores (N, J), poses (N, J, D) or None, reconstructions (N, C, H, W) or None for
+    uint8 images (N, H, W) or (N, C, H, W); reconstructions are decoded from the winning
+    capsule."""
     model.eval()
     device = model_device(model)
     scores, poses, recons = [], [], []
@@ -88,41 +115,38 @@ def run_model(model: nn.Module, images: np.ndarray | torch.Tensor,
         if isinstance(out, CapsuleOutput):
             poses.append(out.poses.float())  # (b, J, D)
             if out.reconstructions is not None:
-                recons.append(out.reconstructions.float())  # (b, 1, H, W)
+                recons.append(out.reconstructions.float())  # (b, C, H, W)
     return (torch.cat(scores), torch.cat(poses) if poses else None,
             torch.cat(recons) if recons else None)
 
 
-def predict_prepared(model: nn.Module, images: np.ndarray, sources: Sequence[str],
+def predict_prepared(model: nn.Module, images: np.ndarray | torch.Tensor, sources: Sequence[str],
                      top_k: int = 3) -> list[Prediction]:
-    """Predictions for MNIST-like uint8 images (N, 28, 28) already prepared, one per source."""
+    """Predictions for uint8 images (N, H, W) or (N, C, H, W) already prepared for the model
+    (:func:`capsnet.preprocess.prepare_for_model`), one per source."""
     if len(images) == 0:
         return []
-    scores, poses, recons = run_model(model, images)  # (N, J), (N, J, D), (N, 1, H, W)
+    scores, poses, recons = run_model(model, images)  # (N, J), (N, J, D), (N, C, H, W)
     k = min(top_k, scores.shape[1])
     best_scores, best = scores.topk(k, dim=1)  # (N, k)
+    shown = display_images(images)  # (N, H, W) or (N, H, W, 3)
     recon_u8 = to_uint8(recons) if recons is not None else None
+    names = class_names(model.config)
     results = []
     for i, source in enumerate(sources):
         top = [(int(d), float(s)) for d, s in zip(best[i], best_scores[i], strict=False)]
         digit = top[0][0]
         results.append(Prediction(
             source=str(source), digit=digit, length=top[0][1], lengths=scores[i].tolist(),
-            top=top, image=np.asarray(images[i], dtype=np.uint8),
+            top=top, image=np.ascontiguousarray(shown[i], dtype=np.uint8),
             reconstruction=None if recon_u8 is None else recon_u8[i],
-            pose=None if poses is None else poses[i, digit].tolist()))
+            pose=None if poses is None else poses[i, digit].tolist(), class_names=names))
     return results
 
 
-def predict(images: ImageSource | Sequence[ImageSource], model: ModelSource = None,
-            device: Any = "cpu", top_k: int = 3) -> list[Prediction]:
-    """Predict the digit in each image: paths, encoded bytes, PIL images or grey arrays,
-    each preprocessed the way MNIST was made (:func:`capsnet.preprocess.prepare_image`).
-    One image or a list; a single numpy array is one (H, W) image.
-
-    ``model``: None (the shipped model), a .pt / .safetensors path or a loaded model.
-    Raises PreprocessError naming the first image that holds no usable digit.
-    """
+def prepare_sources(images: ImageSource | Sequence[ImageSource], config
+                    ) -> tuple[np.ndarray, list[str]]:
+    """Own images prepared for the model with ``config``: uint8 (N, C, H, W) and names."""
     if isinstance(images, (str, os.PathLike, bytes, bytearray, np.ndarray)) or not isinstance(
             images, Sequence):
         images = [images]
@@ -130,11 +154,27 @@ def predict(images: ImageSource | Sequence[ImageSource], model: ModelSource = No
     for i, source in enumerate(images):
         name = _source_name(source, i)
         try:
-            prepared.append(prepare_image(source))  # (28, 28)
+            prepared.append(prepare_for_model(source, config))  # (C, H, W)
         except PreprocessError as exc:
             raise PreprocessError(f"{name}: {exc}") from None
         names.append(name)
-    return predict_prepared(load_model(model, device), np.stack(prepared), names, top_k)
+    return np.stack(prepared), names
+
+
+def predict(images: ImageSource | Sequence[ImageSource], model: ModelSource = None,
+            device: Any = "cpu", top_k: int = 3) -> list[Prediction]:
+    """Predict the class of each image: paths, encoded bytes, PIL images or arrays (grey
+    (H, W) or RGB (H, W, 3)), each prepared for the model
+    (:func:`capsnet.preprocess.prepare_for_model`: made MNIST-like for a digit model,
+    converted and resized for any other). One image or a list; a single numpy array is
+    one image.
+
+    ``model``: None (the shipped model), a .pt / .safetensors path or a loaded model.
+    Raises PreprocessError naming the first image that cannot be used.
+    """
+    model = load_model(model, device)
+    prepared, names = prepare_sources(images, model.config)
+    return predict_prepared(model, prepared, names, top_k)
 
 
 def _source_name(source: Any, index: int) -> str:
@@ -145,24 +185,24 @@ def _source_name(source: Any, index: int) -> str:
 
 @torch.no_grad()
 def decode_pose(model: nn.Module, pose: torch.Tensor, digit: int) -> torch.Tensor:
-    """Decode one capsule's pose vectors (N, D) as class ``digit``: images (N, 1, H, W)."""
+    """Decode one capsule's pose vectors (N, D) as class ``digit``: images (N, C, H, W)."""
     N, D = pose.shape
     J = model.config.num_classes
     poses = torch.zeros(N, J, D, device=pose.device, dtype=pose.dtype)  # (N, J, D)
     poses[:, digit] = pose
     keep = torch.full((N,), digit, device=pose.device, dtype=torch.long)  # (N,)
-    return model.decoder(poses, keep)  # (N, 1, H, W)
+    return model.decoder(poses, keep)  # (N, C, H, W)
 
 
 @torch.no_grad()
 def perturb_capsule(model: nn.Module, poses: torch.Tensor, digit: int, dim: int,
                     delta: float) -> torch.Tensor:
-    """Reconstructions (B, 1, H, W) with dimension ``dim`` of capsule ``digit`` moved by
+    """Reconstructions (B, C, H, W) with dimension ``dim`` of capsule ``digit`` moved by
     ``delta`` in every pose set poses (B, J, D); the other capsules are masked out."""
     moved = poses.clone()  # (B, J, D)
     moved[:, digit, dim] += delta
     return model.decoder(moved, torch.full((poses.shape[0],), digit, dtype=torch.long,
-                                           device=poses.device))  # (B, 1, H, W)
+                                           device=poses.device))  # (B, C, H, W)
 
 
 def perturbation_deltas(limit: float = PERTURB_RANGE, step: float = PERTURB_STEP) -> torch.Tensor:
@@ -175,13 +215,13 @@ def perturbation_deltas(limit: float = PERTURB_RANGE, step: float = PERTURB_STEP
 def perturbation_grid(model: nn.Module, pose: torch.Tensor, digit: int,
                       deltas: torch.Tensor) -> torch.Tensor:
     """The paper's Figure 4 for one capsule: pose (D,) of class ``digit``; every dimension
-    moved by each delta (S,), all decoded in one batch. Returns images (D, S, 1, H, W)."""
+    moved by each delta (S,), all decoded in one batch. Returns images (D, S, C, H, W)."""
     D, S = pose.shape[0], deltas.shape[0]
     offsets = torch.eye(D, device=pose.device, dtype=pose.dtype)[:, None, :] \
         * deltas.to(pose.device, pose.dtype)[None, :, None]  # (D, S, D)
     moved = (pose + offsets).reshape(D * S, D)  # (D*S, D)
-    images = decode_pose(model, moved, digit)  # (D*S, 1, H, W)
-    return images.view(D, S, *images.shape[1:])  # (D, S, 1, H, W)
+    images = decode_pose(model, moved, digit)  # (D*S, C, H, W)
+    return images.view(D, S, *images.shape[1:])  # (D, S, C, H, W)
 
 
 def require_decoder(model: nn.Module) -> None:
@@ -207,7 +247,7 @@ SEARCH_CHUNK = 500
 
 def predict_until(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, count: int,
                   misclassified: int) -> torch.Tensor:
-    """Predicted classes (n,) of images[:n] (N, H, W), n the smallest multiple of
+    """Predicted classes (n,) of images[:n] (N, [C,] H, W), n the smallest multiple of
     SEARCH_CHUNK (or N) covering ``count`` images and ``misclassified`` errors after them."""
     predictions = []
     for start in range(0, len(images), SEARCH_CHUNK):
@@ -222,7 +262,7 @@ def predict_until(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
 
 def first_of_each_class(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
                         classes: Sequence[int]) -> list[int]:
-    """For each of ``classes``, the index of the first of ``images`` (N, H, W) with that
+    """For each of ``classes``, the index of the first of ``images`` (N, [C,] H, W) with that
     label that the model classifies correctly (else the first with that label)."""
     num_classes = model.config.num_classes
     bad = [c for c in classes if not 0 <= c < num_classes]

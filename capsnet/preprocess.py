@@ -1,4 +1,10 @@
-"""Your own digit images -> MNIST-like 28x28 inputs, the way MNIST itself was made.
+"""Your own images -> a model's input: :func:`prepare_for_model` picks the way.
+
+Models of handwritten digits (grey, trained on MNIST) get digits made the way MNIST
+itself was made (below); every other model, grey or colour, any size (Fashion-MNIST,
+CIFAR-10, SVHN, image folders), gets the whole image as the folder reader decodes a
+training file: upright, transparency onto black, converted to the model's channels and
+resized to its size (:func:`prepare_plain`), centre-cropped for a model trained on crops.
 
 LeCun et al. size-normalised each digit to fit a 20x20 box keeping its aspect ratio
 (with anti-aliasing, hence grey levels) and centred it by its centre of mass in a 28x28
@@ -11,19 +17,22 @@ field, white ink on black. :func:`prepare_image` does the same to a photo or sca
 5. scaled so its longer side is 20 pixels, aspect ratio kept;
 6. pasted into 28x28 so that its centre of mass is at pixel (14, 14), as in MNIST.
 
-Anything that cannot give a digit raises :class:`PreprocessError` with a one-line reason:
-not an image, truncated, too many pixels (checked before decoding: a decompression bomb
-is refused without allocating it), or no ink.
+Anything that cannot give an input raises :class:`PreprocessError` with a one-line
+reason: not an image, truncated, too many pixels (checked before decoding: a
+decompression bomb is refused without allocating it), or, for a digit, no ink.
 """
 from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from capsnet.config import is_digit_model
+from capsnet.data.decode import RESAMPLE, flatten_image, image_array
 from capsnet.data.image_dataset import PIXEL_MAX
 
 MNIST_SIZE = 28  # side of the output field
@@ -54,8 +63,15 @@ def load_grey(source: str | os.PathLike | bytes | bytearray | Image.Image) -> np
     Raises PreprocessError for a missing or empty file, a non-image, a truncated or corrupt
     file, or more than MAX_PIXELS pixels.
     """
+    return decoded(source, to_grayscale)
+
+
+def decoded(source: str | os.PathLike | bytes | bytearray | Image.Image,
+            convert: Callable[[Image.Image], np.ndarray]) -> np.ndarray:
+    """``convert`` applied to the decoded image of a path, encoded bytes or PIL image, while
+    its file is open; raises PreprocessError as :func:`load_grey` says."""
     if isinstance(source, Image.Image):
-        return to_grayscale(_checked_load(source))
+        return convert(_checked_load(source))
     if isinstance(source, (bytes, bytearray)):
         if not source:
             raise PreprocessError("empty file")
@@ -77,7 +93,7 @@ def load_grey(source: str | os.PathLike | bytes | bytearray | Image.Image) -> np
     except Exception as exc:  # a header Pillow recognises but cannot parse
         raise PreprocessError(f"unreadable image ({_reason(exc)})") from None
     with image:
-        return to_grayscale(_checked_load(image))
+        return convert(_checked_load(image))
 
 
 def _checked_load(image: Image.Image) -> Image.Image:
@@ -206,3 +222,69 @@ def prepare_image(source: ImageSource) -> np.ndarray:
     if isinstance(source, np.ndarray):
         return prepare_array(source)
     return prepare_array(load_grey(source))
+
+
+def prepare_plain(source: ImageSource, size: int, channels: int) -> np.ndarray:
+    """Any image -> uint8 (channels, size, size) as the folder reader decodes a file with
+    ``--image-size``: upright (EXIF), transparency flattened onto black, grey (luma) or RGB,
+    resized to size x size (antialiased bilinear, aspect ratio not kept).
+
+    ``source``: a path, encoded bytes, a PIL image, or a uint8 array (H, W) grey or
+    (H, W, 3) RGB. Raises PreprocessError.
+    """
+    def convert(image: Image.Image) -> np.ndarray:
+        return image_array(flatten_image(ImageOps.exif_transpose(image)), (size, size), channels)
+
+    if isinstance(source, np.ndarray):
+        return convert(_array_image(source))
+    return decoded(source, convert)
+
+
+def _array_image(array: np.ndarray) -> Image.Image:
+    """A (H, W) grey or (H, W, 3) RGB array of levels 0..255 as a PIL image."""
+    if not (array.ndim == 2 or (array.ndim == 3 and array.shape[-1] == 3)):
+        raise PreprocessError(f"expected an image array (H, W) or (H, W, 3), got shape "
+                              f"{tuple(array.shape)}")
+    if array.size == 0:
+        raise PreprocessError("image has no pixels")
+    return Image.fromarray(np.clip(np.round(array), 0, PIXEL_MAX).astype(np.uint8))
+
+
+def fit_digit(field: np.ndarray, size: int) -> np.ndarray:
+    """An MNIST-like digit (28, 28) uint8 for a model taking ``size`` x ``size`` input:
+    centred on a black canvas when larger (as the affNIST and MultiMNIST models are
+    trained), resized (antialiased bilinear) when smaller."""
+    side = field.shape[0]
+    if size == side:
+        return field
+    if size < side:
+        return np.asarray(Image.fromarray(field).resize((size, size), RESAMPLE))
+    top = (size - side) // 2
+    canvas = np.zeros((size, size), dtype=np.uint8)  # (size, size)
+    canvas[top:top + side, top:top + side] = field
+    return canvas
+
+
+def center_crop_array(image: np.ndarray, size: int) -> np.ndarray:
+    """The central size x size window of image (C, H, W), as training crops are evaluated."""
+    H, W = image.shape[-2:]
+    top, left = (H - size) // 2, (W - size) // 2
+    return np.ascontiguousarray(image[..., top:top + size, left:left + size])
+
+
+def prepare_for_model(source: ImageSource, config) -> np.ndarray:
+    """An own image -> uint8 (C, H, W) as the model with ``config`` takes it.
+
+    A grey model of handwritten digits (:func:`capsnet.config.is_digit_model`) gets the
+    digit made MNIST-like (:func:`prepare_image`; :func:`fit_digit` to its size); every
+    other model (Fashion-MNIST, CIFAR-10, SVHN, image folders) gets the whole image
+    converted to its channels and resized to its size (:func:`prepare_plain`), and a model
+    trained on crops gets the centre crop of the image resized to the uncropped size.
+    Raises PreprocessError.
+    """
+    side = config.uncropped_size or config.image_size
+    if is_digit_model(config):
+        image = fit_digit(prepare_image(source), side)[None]  # (1, side, side)
+    else:
+        image = prepare_plain(source, side, config.in_channels)  # (C, side, side)
+    return center_crop_array(image, config.image_size)  # (C, H, W)

@@ -1,5 +1,5 @@
 """The web demo end to end in a real headless Chromium: draw, predict, step through the routing,
-move a slider, upload.
+move a slider, upload; a colour model of named classes.
 
 Needs Debian's `chromium` (apt-get install chromium) and the `playwright` Python package
 (its own browser download is not used). Skipped only where either is missing.
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from image_files import COLOUR_CLASSES, colour_bar_png, train_colour_model
 
 from capsnet.loading import load_model
 from capsnet.web import create_app, make_server
@@ -32,15 +33,25 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwr
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
-@pytest.fixture(scope="module")
-def server_url(small_checkpoint):
-    server = make_server(create_app(load_model(small_checkpoint)), "127.0.0.1", 0)
+def serve(model):
+    """A running demo server for ``model``: yields its URL, stops it afterwards."""
+    server = make_server(create_app(model), "127.0.0.1", 0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.port}/"
     server.shutdown()
     server.server_close()
     thread.join()
+
+
+@pytest.fixture(scope="module")
+def server_url(small_checkpoint):
+    yield from serve(load_model(small_checkpoint))
+
+
+@pytest.fixture(scope="module")
+def colour_url(tmp_path_factory):
+    yield from serve(load_model(train_colour_model(tmp_path_factory.mktemp("colour"))))
 
 
 @pytest.fixture(scope="module")
@@ -51,16 +62,26 @@ def browser():
         browser.close()
 
 
-@pytest.fixture()
-def page(browser, server_url):
+def open_page(browser, url):
+    """A page at ``url``; fails the test on any JavaScript error."""
     page = browser.new_page(viewport={"width": 1200, "height": 800})
     page.set_default_timeout(WAIT_MS)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(server_url)
+    page.goto(url)
     yield page
     page.close()
     assert errors == [], f"JavaScript errors: {errors}"
+
+
+@pytest.fixture()
+def page(browser, server_url):
+    yield from open_page(browser, server_url)
+
+
+@pytest.fixture()
+def colour_page(browser, colour_url):
+    yield from open_page(browser, colour_url)
 
 
 def draw_seven(page) -> None:
@@ -148,3 +169,24 @@ def test_bad_upload_shows_a_message(page):
     sync_api.expect(status).to_have_class(re.compile(r"\berror\b"))
     draw_seven(page)  # the page still works afterwards
     sync_api.expect(page.locator("#digit")).to_have_text(re.compile(r"^[0-9]$"))
+
+
+def test_colour_model_upload_shows_class_names(colour_page):
+    expect = sync_api.expect
+    status = colour_page.locator("#status")
+    expect(status).to_contain_text("Upload an image: this model (folder, 32\u00d732 colour)")
+    expect(colour_page.locator("#input-title")).to_have_text("Your image")
+    colour_page.locator("#upload").set_input_files(
+        files=[{"name": "bar.png", "mimeType": "image/png", "buffer": colour_bar_png()}])
+    expect(status).to_contain_text("Predicted")
+    name = colour_page.locator("#digit").inner_text()
+    assert name in COLOUR_CLASSES
+    expect(colour_page.locator("#bars .bar .label")).to_have_text(list(COLOUR_CLASSES))
+    expect(colour_page.locator("#routing-capsules button")).to_have_text(list(COLOUR_CLASSES))
+    index = COLOUR_CLASSES.index(name)
+    expect(colour_page.locator(f"#caps-{index}")).to_have_class(re.compile(r"\bwinner\b"))
+    expect(colour_page.locator("#routing-caption")).to_contain_text(
+        f"Capsule {name} (the prediction), iteration 3 of 3")
+    expect(colour_page.locator("#routing-support")).to_have_attribute("data-input", "drawn")
+    assert colour_page.locator("#seen").get_attribute("src").startswith("data:image/png;base64,")
+    expect(colour_page.locator("#sliders input.slider")).to_have_count(16)

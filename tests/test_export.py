@@ -105,15 +105,23 @@ def test_default_output_name_is_beside_the_checkpoint(small_checkpoint, tmp_path
 
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
 def test_other_models_export(fmt, tmp_path):
-    """The CNN baseline exports its probabilities; a CapsNet without decoder, its lengths."""
+    """The CNN baseline exports its probabilities; a CapsNet without decoder, its lengths; a
+    colour 32x32 CapsNet of named classes, (B, 3, 32, 32) in and out, its names described."""
     if fmt == "onnx":
         pytest.importorskip("onnx")
     torch.manual_seed(0)
+    colour = make_config("capsnet", "small", in_channels=3, image_size=32, num_classes=3,
+                         class_names=("cat", "dog", "ship"), dataset="folder")
     for config, outputs in [(make_config("cnn", "small"), ["probabilities"]),
-                            (make_config("capsnet", "small", use_decoder=False), ["lengths"])]:
+                            (make_config("capsnet", "small", use_decoder=False), ["lengths"]),
+                            (colour, ["lengths", "reconstructions"])]:
         model = build_model(config).eval()
         path = export_model(model, tmp_path / f"m.{fmt}", fmt)
-        assert read_description(path)["outputs"] == outputs
+        info = read_description(path)
+        assert info["outputs"] == outputs
+        assert info["input_shape"] == ["batch", config.in_channels, config.image_size,
+                                       config.image_size]
+        assert info["class_names"] == (list(config.class_names) or [str(j) for j in range(10)])
         assert all(p.requires_grad for p in model.parameters())  # the model is left as it was
         images = _images(model, 3)
         if fmt == "onnx":

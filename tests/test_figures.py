@@ -113,7 +113,8 @@ def test_cli_manipulate_test_digits_and_own_image(small_checkpoint, tiny_mnist_d
 def test_cli_manipulate_rejects_a_bad_digit(small_checkpoint, tiny_mnist_dir, capsys):
     assert main(["manipulate", "--checkpoint", str(small_checkpoint), "--data-dir",
                  str(tiny_mnist_dir), "--no-download", "--digits", "12"]) == 1
-    assert "--digits must be in 0..9" in capsys.readouterr().err
+    assert "--digits/--classes: no class '12': the model's classes are 0..9" in \
+        capsys.readouterr().err
 
 
 def test_cli_reconstruct_needs_a_decoder(tmp_path, tiny_mnist_dir, capsys):

@@ -72,7 +72,9 @@ def test_predict_fields_agree_with_the_model(model):
         assert r.image.shape == (28, 28) and r.image.dtype == np.uint8
         np.testing.assert_array_equal(r.reconstruction, to_uint8(out.reconstructions[i:i + 1])[0])
         np.testing.assert_allclose(r.pose, out.poses[i, r.digit].numpy(), rtol=1e-5, atol=1e-6)
-        assert set(r.as_dict()) == {"source", "digit", "length", "alternatives", "lengths"}
+        assert set(r.as_dict()) == {"source", "class", "index", "digit", "length",
+                                    "alternatives", "lengths"}
+        assert r.as_dict()["class"] == str(r.digit) == r.class_name and r.index == r.digit
 
 
 def test_predict_accepts_paths_bytes_and_single_images(model, image_files):

@@ -1,18 +1,25 @@
-"""Own images -> MNIST-like 28x28: polarity, crop, 20x20 fit, centre of mass, bad inputs."""
+"""Own images -> MNIST-like 28x28: polarity, crop, 20x20 fit, centre of mass, bad inputs;
+and for other models the whole image at their channels and size."""
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 from image_files import encoded, png_header
 from PIL import Image, ImageDraw
 
+from capsnet.config import CapsNetConfig
+from capsnet.data.decode import decode_image_file
 from capsnet.preprocess import (
     FIT_SIZE,
     MAX_PIXELS,
     MNIST_SIZE,
     ImageTooLargeError,
     PreprocessError,
+    prepare_for_model,
     prepare_image,
+    prepare_plain,
 )
 
 CENTRE = MNIST_SIZE / 2  # where MNIST's digits have their centre of mass
@@ -193,3 +200,69 @@ def test_real_mnist_digits_come_back_as_mnist_made_them(mnist_dir):
         correlations.append(np.corrcoef(again.ravel(), digit.ravel())[0, 1])
     # A few MNIST digits sit a pixel or more off their own centre of mass; most match closely.
     assert np.mean(correlations) > 0.92 and np.percentile(correlations, 10) > 0.8
+
+
+# ---- prepare_for_model: the way follows the model -------------------------------------------
+
+EXIF_ORIENTATION = 0x0112
+ROTATED_90 = 6  # EXIF: the stored image must be turned 90 degrees clockwise
+
+
+def colour_picture(size=(50, 40)) -> Image.Image:
+    """A red square and a blue bar on dark green: not a digit, and not square."""
+    image = Image.new("RGB", size, (0, 60, 0))
+    draw = ImageDraw.Draw(image)
+    draw.rectangle([5, 5, 20, 20], fill=(230, 20, 20))
+    draw.rectangle([25, 30, 45, 35], fill=(20, 20, 230))
+    return image
+
+
+def test_digit_models_get_mnist_digits_on_their_canvas():
+    digit = drawn_digit()
+    mnist = CapsNetConfig()
+    np.testing.assert_array_equal(prepare_for_model(digit, mnist), prepare_image(digit)[None])
+    canvas = prepare_for_model(digit, CapsNetConfig(image_size=40))  # (1, 40, 40): affNIST
+    assert canvas.shape == (1, 40, 40) and canvas[0, :6].sum() == 0
+    np.testing.assert_array_equal(canvas[0, 6:34, 6:34], prepare_image(digit))
+    small = prepare_for_model(digit, CapsNetConfig(image_size=20))  # trained on resized MNIST
+    assert small.shape == (1, 20, 20)
+
+
+def test_other_models_get_the_whole_image_resized_like_a_training_file(tmp_path):
+    picture = colour_picture()
+    path = tmp_path / "picture.png"
+    picture.save(path)
+    colour = prepare_for_model(path, CapsNetConfig(in_channels=3, image_size=32,
+                                                   dataset="folder"))
+    np.testing.assert_array_equal(colour, decode_image_file(path, (32, 32), 3))
+    assert colour[0].max() > 200 and colour[2].max() > 200  # red and blue stay apart
+    fashion = prepare_for_model(path, CapsNetConfig(dataset="fashion-mnist"))  # grey, 28
+    np.testing.assert_array_equal(fashion, decode_image_file(path, (28, 28), 1))
+    cropped = prepare_for_model(path, CapsNetConfig(in_channels=3, image_size=24,
+                                                    uncropped_size=32, dataset="cifar10"))
+    np.testing.assert_array_equal(cropped, colour[:, 4:28, 4:28])
+    array = np.asarray(picture)  # (H, W, 3)
+    same = prepare_for_model(array, CapsNetConfig(in_channels=3, image_size=32, dataset="svhn"))
+    np.testing.assert_array_equal(same, colour)
+
+
+def test_plain_preparation_is_upright_and_flattens_transparency_onto_black():
+    picture = colour_picture()
+    rgba = picture.convert("RGBA")
+    rgba.putalpha(0)  # fully transparent: black, as the folder reader reads it
+    assert prepare_plain(encoded(rgba), 16, 3).max() == 0
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION] = ROTATED_90
+    turned = prepare_plain(encoded(picture.transpose(Image.Transpose.ROTATE_90), exif=exif),
+                           40, 3)
+    np.testing.assert_array_equal(turned, prepare_plain(picture, 40, 3))
+
+
+@pytest.mark.parametrize("source, words", [
+    (b"plain text", "not an image"),
+    (np.zeros((2, 3, 4, 5)), "expected an image array (H, W) or (H, W, 3)"),
+    (np.zeros((0, 3)), "no pixels"),
+])
+def test_plain_preparation_errors_are_one_line(source, words):
+    with pytest.raises(PreprocessError, match=re.escape(words)):
+        prepare_for_model(source, CapsNetConfig(in_channels=3, image_size=32, dataset="folder"))

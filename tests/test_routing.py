@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from capsnet.layers import dynamic_routing
+from capsnet.layers.routing import couplings, uniform_share
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 
@@ -161,3 +162,29 @@ def test_one_iteration_gradient_is_the_same_either_way():
     a = u_hat_gradient(lambda x: routed(x, 1), u_hat, weights)
     b = u_hat_gradient(lambda x: routed(x, 1, full_graph=True), u_hat, weights)
     torch.testing.assert_close(a, b)
+
+
+# --- the none-of-the-above category (section 7, CIFAR-10) ----------------------------------
+
+def test_none_of_the_above_couplings_leak_a_share_to_a_zero_logit():
+    """c = softmax([0, b]) over J + 1 categories, the extra one dropped: every input capsule's
+    couplings sum to less than 1, and to 1 with the extra category's share added back."""
+    b = torch.randn(B, J, I, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    c = couplings(b, none_of_the_above=True)  # (B, J, I)
+    with_zero = torch.cat([torch.zeros(B, 1, I, dtype=b.dtype), b], dim=1)  # (B, J+1, I)
+    torch.testing.assert_close(c, torch.softmax(with_zero, dim=1)[:, 1:])
+    leak = 1 / (1 + b.exp().sum(dim=1))  # (B, I): the zero logit's share, exp(0) / total
+    assert (c.sum(dim=1) < 1).all()
+    torch.testing.assert_close(c.sum(dim=1) + leak, torch.ones(B, I, dtype=b.dtype))
+    torch.testing.assert_close(couplings(b), torch.softmax(b, dim=1))  # off: plain softmax
+
+
+def test_none_of_the_above_first_iteration_is_one_share_in_j_plus_one():
+    u_hat = make_u_hat(seed=9)  # (B, I, J, D)
+    assert uniform_share(J, none_of_the_above=True) == pytest.approx(1 / (J + 1))
+    v = dynamic_routing(u_hat.transpose(1, 2), 1, none_of_the_above=True)  # (B, J, D)
+    s = u_hat.sum(dim=1) / (J + 1)  # (B, J, D)
+    n2 = s.pow(2).sum(-1, keepdim=True)
+    torch.testing.assert_close(v, n2 / (1 + n2) * s / n2.sqrt())
+    three = dynamic_routing(u_hat.transpose(1, 2), 3, none_of_the_above=True)
+    assert (three - routed(u_hat, 3)).abs().max() > 1e-3  # the category changes the routing

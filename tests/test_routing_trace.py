@@ -148,8 +148,8 @@ def test_routing_figure_takes_grey_and_colour_inputs(trace, tmp_path):
     maps, support = trace.coupling_maps().numpy(), trace.support_maps().numpy()
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (28, 28), dtype=np.uint8),
-              rng.integers(0, 256, (1, 28, 28), dtype=np.uint8),
-              rng.integers(0, 256, (3, 28, 28), dtype=np.uint8)]  # (H, W), (1, H, W), (3, H, W)
+              rng.integers(0, 256, (28, 28), dtype=np.uint8),
+              rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)]  # display layout: (H, W, 3)
     centres, side = receptive_fields(make_config("capsnet", "small"))
     path = routing_figure(images, maps, support, trace.lengths.numpy(), ["a", "b", "c"],
                           centres, side, tmp_path / "sub" / "routing.png", [False, True, False])

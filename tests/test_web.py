@@ -8,7 +8,7 @@ import socket
 import numpy as np
 import pytest
 import torch
-from image_files import png_header
+from image_files import COLOUR_CLASSES, colour_bar_png, png_header, train_colour_model
 from PIL import Image, ImageDraw
 
 from capsnet.cli.main import main
@@ -194,3 +194,37 @@ def test_serve_reports_a_busy_port(small_checkpoint, capsys):
         code = main(["serve", "--checkpoint", str(small_checkpoint), "--port", str(port)])
     assert code == 1
     assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err
+
+
+# ---- a colour model of named classes, trained on a tiny generated folder ----------------------
+
+@pytest.fixture(scope="module")
+def colour_model(tmp_path_factory):
+    return load_model(train_colour_model(tmp_path_factory.mktemp("colour")))
+
+
+def test_colour_model_names_classes_and_answers_in_colour(colour_model):
+    client = create_app(colour_model).test_client()
+    info = client.get("/api/model").get_json()
+    assert info == {"classes": list(COLOUR_CLASSES), "dataset": "folder", "channels": 3,
+                    "image_size": 32, "digits": False, "has_decoder": True}
+    png = colour_bar_png()
+    reply = upload(client, png).get_json()
+    [expected] = predict(png, model=colour_model)
+    assert reply["class"] == expected.class_name == COLOUR_CLASSES[reply["index"]]
+    assert reply["digit"] == reply["index"] and reply["classes"] == list(COLOUR_CLASSES)
+    seen = data_url_image(reply["input"])
+    assert seen.shape == (32, 32, 3)
+    np.testing.assert_array_equal(seen, expected.image)
+    assert seen[..., 1].max() > 200 and seen[..., 0].max() < 100  # green stays green
+    recon = data_url_image(reply["reconstruction"])
+    assert recon.shape == (32, 32, 3)
+    np.testing.assert_array_equal(recon, expected.reconstruction)
+    assert reply["routing"]["size"] == 32 and reply["routing"]["capsules"] == 3
+    decoded = client.post("/api/decode", json={"index": reply["index"], "pose": reply["pose"]})
+    np.testing.assert_array_equal(data_url_image(decoded.get_json()["reconstruction"]), recon)
+
+
+def test_digit_model_is_described_as_one(client):
+    info = client.get("/api/model").get_json()
+    assert info["digits"] is True and info["classes"] == [str(d) for d in range(10)]

@@ -9,7 +9,10 @@ from torch import nn
 
 from capsnet.config import PRESETS
 from capsnet.data.datasets import DATASET_NAMES
+from capsnet.data.folder import FolderDatasetError, format_skipped_warning
 from capsnet.data.idx import IDXError
+from capsnet.data.image_dataset import ImageDataset
+from capsnet.data.model_view import load_test_set
 from capsnet.data.sources import DataNotFoundError
 from capsnet.devices import pick_device
 from capsnet.layers.gemm_conv import CONV_IMPLS
@@ -20,22 +23,44 @@ from capsnet.training.settings import TrainSettings, resumed_settings
 from capsnet.tuning import tune_for_inference
 
 # Errors shown as 'capsnet: error: <message>' with no traceback.
-USER_ERRORS = (IDXError, DataNotFoundError, CheckpointError, NonFiniteLossError, FileNotFoundError,
-               ValueError)
+USER_ERRORS = (IDXError, DataNotFoundError, CheckpointError, FolderDatasetError,
+               NonFiniteLossError, FileNotFoundError, ValueError)
 DEFAULTS = TrainSettings()
 # Options a resumed run takes from the resuming command only when they are given there.
 RESUME_OPTIONAL_OVERRIDES = ("lr_decay",)
 
 
-def add_data_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", default="mnist", choices=sorted(DATASET_NAMES),
-                        help="dataset name (default: mnist)")
+def add_data_args(parser: argparse.ArgumentParser, model_default: bool = False) -> None:
+    """--dataset, --data-dir, --no-download; with ``model_default`` (commands that test a
+    trained model) the dataset defaults to the model's own, and --skip-bad-images is there."""
+    if model_default:
+        parser.add_argument("--dataset", default=None, choices=sorted(DATASET_NAMES),
+                            help="dataset name (default: the one the model was trained on; "
+                                 "for 'folder' pass its root with --data-dir)")
+    else:
+        parser.add_argument("--dataset", default="mnist", choices=sorted(DATASET_NAMES),
+                            help="dataset name (default: mnist)")
     parser.add_argument("--data-dir", default=None,
                         help="directory holding the dataset's files (for --dataset folder: the "
                              "root holding train/<class>/ and optionally test/<class>/); "
                              "default: $CAPSNET_DATA_DIR, then the user cache, then download")
     parser.add_argument("--no-download", dest="download", action="store_false",
                         help="never download; fail if the files are not found")
+    if model_default:
+        parser.add_argument("--skip-bad-images", action="store_true",
+                            help="folder datasets: skip unreadable image files with a warning")
+
+
+def load_cli_test_set(args: argparse.Namespace, config) -> ImageDataset:
+    """The test set of --dataset (default: the model's own) as the model with ``config``
+    sees it (its channels, size and crop), on the CPU; skipped files are reported on
+    stderr."""
+    test = load_test_set(config, args.dataset, args.data_dir, args.download,
+                         skip_bad=getattr(args, "skip_bad_images", False))
+    warning = format_skipped_warning(test.info)
+    if warning:
+        print(f"capsnet: {warning}", file=sys.stderr)
+    return test
 
 
 def add_device_arg(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +111,9 @@ def add_recipe_args(p: argparse.ArgumentParser, models=("capsnet", "cnn")) -> No
     """Model, data and optimisation options of every training command."""
     p.add_argument("--model", default=models[0], choices=list(models))
     p.add_argument("--preset", default=DEFAULTS.preset, choices=sorted(PRESETS),
-                   help="layer sizes: 'paper' or the narrow 'small' for quick CPU runs")
+                   help="layer sizes: 'paper', the narrow 'small' for quick CPU runs, or the "
+                        "paper's section 7 models 'cifar10' (64 primary types, a "
+                        "none-of-the-above routing category, 24x24 crops) and 'svhn'")
     add_data_args(p)
     p.add_argument("--epochs", type=int, default=DEFAULTS.epochs)
     p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size,

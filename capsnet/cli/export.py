@@ -11,8 +11,10 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "export", help="write an ONNX or TorchScript inference model",
         description="Export a trained model for inference outside this package. The file "
-        "takes float images (B, 1, 28, 28) in [0, 1], any batch size, and returns the capsule "
-        "lengths (B, 10) and the reconstructions (B, 1, 28, 28) of the predicted class.")
+        "takes float images (B, C, H, W) in [0, 1] at the model's channels and size ((B, 1, "
+        "28, 28) for MNIST), any batch size, and returns the capsule lengths (B, J) and the "
+        "reconstructions (B, C, H, W) of the predicted class; its metadata hold the input "
+        "shape and the class names.")
     p.add_argument("checkpoint", help="a .pt checkpoint written by `capsnet train`, or a "
                                       ".safetensors weights file")
     p.add_argument("--format", dest="fmt", default="onnx", choices=(*FORMATS, "safetensors"),
@@ -35,5 +37,5 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     info = read_description(path)
     shape = ", ".join(str(n) for n in info["input_shape"])
     print(f"wrote {path} ({args.fmt}): input {info['input']} ({shape}) in [0, 1] -> "
-          f"{', '.join(info['outputs'])}")
+          f"{', '.join(info['outputs'])}; classes {', '.join(info['class_names'])}")
     return 0

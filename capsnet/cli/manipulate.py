@@ -1,12 +1,12 @@
-"""`capsnet manipulate`: each dimension of a digit's capsule perturbed (the paper's Figure 4)."""
+"""`capsnet manipulate`: each dimension of a class capsule perturbed (the paper's Figure 4)."""
 from __future__ import annotations
 
 import argparse
 
 import torch
 
-from capsnet.cli.args import add_data_args, add_model_args, load_cli_model
-from capsnet.data.datasets import load_split
+from capsnet.cli.args import add_data_args, add_model_args, load_cli_model, load_cli_test_set
+from capsnet.config import class_index, label_of
 from capsnet.inference import (
     PERTURB_RANGE,
     PERTURB_STEP,
@@ -17,22 +17,26 @@ from capsnet.inference import (
     run_model,
     to_uint8,
 )
-from capsnet.preprocess import PreprocessError, prepare_image
+from capsnet.preprocess import PreprocessError, prepare_for_model
 
-SEARCH_LIMIT = 2000  # test images searched for a correctly classified example of each digit
+SEARCH_LIMIT = 2000  # test images searched for a correctly classified example of each class
+DEFAULT_CLASSES = ("1", "3", "7")
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "manipulate", help="picture of capsule dimensions perturbed (Figure 4)",
-        description="For chosen digits, move each dimension of the winning capsule from "
+        description="For chosen classes, move each dimension of the winning capsule from "
         "-range to +range in steps and decode every perturbed pose.")
     add_model_args(p)
-    add_data_args(p)
-    p.add_argument("--digits", type=int, nargs="+", default=[1, 3, 7],
-                   help="use the first correctly classified test image of each (default: 1 3 7)")
+    add_data_args(p, model_default=True)
+    p.add_argument("--digits", "--classes", dest="classes", nargs="+", default=None,
+                   metavar="CLASS",
+                   help="classes by index or name: the first correctly classified test image "
+                        "of each is used (default: 1 3 7, or the first three classes of a "
+                        "model with fewer than eight)")
     p.add_argument("--image", nargs="+", default=None, metavar="IMAGE",
-                   help="use your own digit images instead of test images")
+                   help="use your own images instead of test images (prepared as by predict)")
     p.add_argument("--range", type=float, default=PERTURB_RANGE, dest="limit", metavar="RANGE",
                    help=f"largest perturbation (default: {PERTURB_RANGE})")
     p.add_argument("--step", type=float, default=PERTURB_STEP,
@@ -48,34 +52,42 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     model = load_cli_model(args)
     require_decoder(model)
-    images = chosen_images(args, model)  # (K, 28, 28)
+    images = chosen_images(args, model)  # (K, [C,] H, W)
     scores, poses, _ = run_model(model, images)  # (K, J), (K, J, D)
-    digits = scores.argmax(dim=1).tolist()
+    winners = scores.argmax(dim=1).tolist()
     deltas = perturbation_deltas(args.limit, args.step)  # (S,)
-    grids = [to_uint8(perturbation_grid(model, poses[k, digit], digit, deltas))  # (D, S, 28, 28)
-             for k, digit in enumerate(digits)]
-    path = manipulation_figure(grids, digits, deltas.tolist(), args.out)
-    print(f"wrote {path}: digits {' '.join(map(str, digits))}, {poses.shape[-1]} dimensions x "
-          f"{len(deltas)} perturbations from {-args.limit:+.2f} to {args.limit:+.2f}")
+    grids = [to_uint8(perturbation_grid(model, poses[k, j], j, deltas))  # (D, S, H, W[, 3])
+             for k, j in enumerate(winners)]
+    labels = [label_of(model.config, j) for j in winners]
+    titles = [j if label == str(j) else label for j, label in zip(winners, labels, strict=True)]
+    path = manipulation_figure(grids, titles, deltas.tolist(), args.out)
+    noun = "digits" if all(isinstance(t, int) for t in titles) else "classes"
+    print(f"wrote {path}: {noun} {', '.join(labels) if noun == 'classes' else ' '.join(labels)}, "
+          f"{poses.shape[-1]} dimensions x {len(deltas)} perturbations from "
+          f"{-args.limit:+.2f} to {args.limit:+.2f}")
     return 0
 
 
 def chosen_images(args: argparse.Namespace, model: torch.nn.Module) -> torch.Tensor:
-    """uint8 images (K, 28, 28): the user's own images, or for each of --digits the first
+    """uint8 images (K, [C,] H, W): the user's own images, or for each of --classes the first
     test image of that class the model classifies correctly (else the first of that class)."""
     if args.image:
-        return torch.stack([torch.from_numpy(_prepare(name)) for name in args.image])
-    num_classes = model.config.num_classes
-    bad = [d for d in args.digits if not 0 <= d < num_classes]
-    if bad:
-        raise ValueError(f"--digits must be in 0..{num_classes - 1}, got {bad}")
-    test = load_split(args.dataset, "test", args.data_dir, args.download)
-    images, labels = test.images[:SEARCH_LIMIT], test.labels[:SEARCH_LIMIT]  # (N, 28, 28), (N,)
-    return images[first_of_each_class(model, images, labels, args.digits)]
-
-
-def _prepare(name: str):
+        return torch.stack([torch.from_numpy(_prepare(name, model.config))
+                            for name in args.image])
+    config = model.config
+    given = args.classes or [c for c in DEFAULT_CLASSES if int(c) < config.num_classes] \
+        or [str(j) for j in range(min(3, config.num_classes))]
     try:
-        return prepare_image(name)  # (28, 28) uint8
+        classes = [class_index(config, text) for text in given]
+    except ValueError as exc:
+        raise ValueError(f"--digits/--classes: {exc}") from None
+    test = load_cli_test_set(args, config)
+    images, labels = test.images[:SEARCH_LIMIT], test.labels[:SEARCH_LIMIT]  # (N, ...), (N,)
+    return images[first_of_each_class(model, images, labels, classes)]
+
+
+def _prepare(name: str, config):
+    try:
+        return prepare_for_model(name, config)  # (C, H, W) uint8
     except PreprocessError as exc:
         raise PreprocessError(f"{name}: {exc}") from None

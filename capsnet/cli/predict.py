@@ -1,4 +1,4 @@
-"""`capsnet predict`: the digit in each of your own images (files, folders or stdin)."""
+"""`capsnet predict`: the class of each of your own images (files, folders or stdin)."""
 from __future__ import annotations
 
 import argparse
@@ -10,9 +10,10 @@ import numpy as np
 from PIL import Image
 
 from capsnet.cli.args import add_model_args, load_cli_model
+from capsnet.config import indexed_name
 from capsnet.data.image_dataset import PIXEL_MAX
 from capsnet.inference import Prediction, predict_prepared
-from capsnet.preprocess import PreprocessError, prepare_image
+from capsnet.preprocess import PreprocessError, prepare_for_model
 
 STDIN = "-"
 STDIN_NAME = "stdin"  # how an image read from stdin is named in the output
@@ -22,17 +23,22 @@ PIXEL_LEVELS = PIXEL_MAX + 1
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "predict", help="predict the digit in your own images",
-        description="Predict the digit in photos or scans of handwritten digits. Each image is "
-        "made MNIST-like first: grayscale, inverted if dark-on-light, cropped to the ink, "
-        "scaled to fit 20x20 and centred by centre of mass in 28x28.")
+        "predict", help="predict the class of your own images",
+        description="Predict the class of your own images (the digit, for an MNIST model). "
+        "Each image is prepared for the model: for a digit model made MNIST-like (grayscale, "
+        "inverted if dark-on-light, cropped to the ink, scaled to fit 20x20 and centred by "
+        "centre of mass in 28x28); for any other model (Fashion-MNIST, CIFAR-10, SVHN, your "
+        "own folders) converted to the model's channels and resized to its size, as the "
+        "training images were.")
     p.add_argument("images", nargs="+", metavar="IMAGE",
                    help="image files (PNG, JPEG, any format Pillow reads), folders of them, "
                         "or - for one image on stdin")
     add_model_args(p)
     p.add_argument("--top-k", type=int, default=3,
                    help="classes listed per image, the prediction included (default: 3)")
-    p.add_argument("--json", action="store_true", help="print one JSON list of results")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON list of results: source, class (its name), index "
+                        "(and digit, the same index), length, alternatives, lengths")
     p.add_argument("--show", action="store_true",
                    help="draw the input as the model saw it beside its reconstruction, as text")
     p.add_argument("--save-dir", default=None, metavar="DIR",
@@ -56,13 +62,14 @@ def expand_inputs(names: list[str]) -> list[str]:
     return sources
 
 
-def read_source(name: str) -> np.ndarray:
-    """One source -> MNIST-like uint8 (28, 28); raises PreprocessError."""
+def read_source(name: str, config) -> np.ndarray:
+    """One source -> uint8 (C, H, W) prepared for the model with ``config``; raises
+    PreprocessError."""
     if name == STDIN:
-        return prepare_image(sys.stdin.buffer.read())
+        return prepare_for_model(sys.stdin.buffer.read(), config)
     if Path(name).is_dir():
         raise PreprocessError("a folder with no image files")
-    return prepare_image(name)
+    return prepare_for_model(name, config)
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -72,13 +79,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     prepared, names, errors = [], [], []
     for name in expand_inputs(args.images):
         try:
-            prepared.append(read_source(name))  # (28, 28)
+            prepared.append(read_source(name, model.config))  # (C, H, W)
             names.append(STDIN_NAME if name == STDIN else name)
         except PreprocessError as exc:
             shown = STDIN_NAME if name == STDIN else name
             errors.append({"source": shown, "error": str(exc)})
             print(f"capsnet: error: {shown}: {exc}", file=sys.stderr)
-    images = np.stack(prepared) if prepared else np.zeros((0, 1, 1), dtype=np.uint8)
+    images = np.stack(prepared) if prepared else np.zeros((0, 1, 1, 1), dtype=np.uint8)
     predictions = predict_prepared(model, images, names, args.top_k)
     if args.save_dir:
         save_pictures(predictions, Path(args.save_dir))
@@ -93,14 +100,35 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def format_prediction(p: Prediction) -> str:
-    others = ", ".join(f"{d} ({s:.3f})" for d, s in p.alternatives)
-    line = f"{p.source}: {p.digit}  length {p.length:.3f}"
+    """'my_seven.jpg: 7  length 0.912   then 1 (0.143), 9 (0.088)' for digits named by
+    their index; 'shoe.png: Sneaker (7)  length 0.910   then Sandal (5) 0.051, ...' else."""
+    line = f"{p.source}: {_label(p, p.digit)}  length {p.length:.3f}"
+    if _named(p):
+        others = ", ".join(f"{_label(p, d)} {s:.3f}" for d, s in p.alternatives)
+    else:
+        others = ", ".join(f"{d} ({s:.3f})" for d, s in p.alternatives)
     return f"{line}   then {others}" if others else line
 
 
+def _named(p: Prediction) -> bool:
+    """True when the classes have names other than their indices."""
+    return any(p.name_of(j) != str(j) for j in range(len(p.lengths)))
+
+
+def _label(p: Prediction, index: int) -> str:
+    return indexed_name([p.name_of(j) for j in range(len(p.lengths))], index)
+
+
+def grey_levels(image: np.ndarray) -> np.ndarray:
+    """A display-layout image (H, W) or (H, W, 3) -> (H, W) brightness (mean over channels)."""
+    return image if image.ndim == 2 else image.mean(axis=-1)
+
+
 def ascii_pair(image: np.ndarray, reconstruction: np.ndarray | None) -> str:
-    """Two (28, 28) uint8 images side by side as text, two characters per pixel."""
-    panels = [image] + ([reconstruction] if reconstruction is not None else [])
+    """Two uint8 images (H, W) or (H, W, 3) side by side as text (their brightness), two
+    characters per pixel."""
+    panels = [grey_levels(image)] + ([grey_levels(reconstruction)]
+                                     if reconstruction is not None else [])
     width = 2 * image.shape[1]
     header = "  ".join(t.center(width) for t in ["input", "reconstruction"][:len(panels)])
     rows = []
@@ -122,5 +150,5 @@ def save_pictures(predictions: list[Prediction], out_dir: Path) -> None:
             name = f"{stem}-{n}"
         used.add(name)
         prediction_figure(p.image, p.reconstruction, p.lengths,
-                          f"{p.source}: predicted {p.digit} (length {p.length:.3f})",
-                          out_dir / f"{name}.png")
+                          f"{p.source}: predicted {_label(p, p.digit)} (length {p.length:.3f})",
+                          out_dir / f"{name}.png", p.class_names)

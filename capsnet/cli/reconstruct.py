@@ -5,8 +5,9 @@ import argparse
 
 import torch
 
-from capsnet.cli.args import add_data_args, add_model_args, load_cli_model
-from capsnet.data.datasets import load_split
+from capsnet.cli.args import add_data_args, add_model_args, load_cli_model, load_cli_test_set
+from capsnet.config import class_names
+from capsnet.data.image_dataset import display_images
 from capsnet.inference import pick_examples, predict_until, require_decoder, run_model, to_uint8
 
 
@@ -17,7 +18,7 @@ def add_parser(subparsers) -> None:
         "the decoder's reconstruction from its winning capsule (and, when mis-classified, "
         "from the true label's capsule), as in the paper's Figure 3.")
     add_model_args(p)
-    add_data_args(p)
+    add_data_args(p, model_default=True)
     p.add_argument("--count", type=int, default=10, help="first test images shown (default: 10)")
     p.add_argument("--misclassified", type=int, default=5,
                    help="mis-classified test images added after them (default: 5)")
@@ -36,19 +37,22 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     model = load_cli_model(args)
     require_decoder(model)
-    test = load_split(args.dataset, "test", args.data_dir, args.download)
-    images, labels = test.images[:args.limit], test.labels[:args.limit]  # (N, 28, 28), (N,)
+    test = load_cli_test_set(args, model.config)
+    images, labels = test.images[:args.limit], test.labels[:args.limit]  # (N, [C,] H, W), (N,)
     predictions = predict_until(model, images, labels, args.count, args.misclassified)  # (n,)
     images, labels = images[:len(predictions)], labels[:len(predictions)]
     chosen = pick_examples(labels, predictions, args.count, args.misclassified)  # (K,)
     if len(chosen) == 0:
         raise ValueError("nothing to draw: --count and --misclassified are both 0")
-    _, poses, recons = run_model(model, images[chosen])  # (K, J, D), (K, 1, 28, 28)
+    _, poses, recons = run_model(model, images[chosen])  # (K, J, D), (K, C, H, W)
     with torch.no_grad():
-        from_label = model.decoder(poses, labels[chosen].to(poses.device))  # (K, 1, 28, 28)
-    path = reconstruction_figure(images[chosen].numpy(), to_uint8(recons), labels[chosen].tolist(),
-                                 predictions[chosen].tolist(), args.out, args.columns,
-                                 label_reconstructions=to_uint8(from_label))
+        from_label = model.decoder(poses, labels[chosen].to(poses.device))  # (K, C, H, W)
+    names = class_names(model.config)
+    named = any(name != str(j) for j, name in enumerate(names))
+    path = reconstruction_figure(display_images(images[chosen]), to_uint8(recons),
+                                 labels[chosen].tolist(), predictions[chosen].tolist(), args.out,
+                                 args.columns, label_reconstructions=to_uint8(from_label),
+                                 class_names=names if named else None)
     wrong = int((predictions[chosen] != labels[chosen]).sum())
     accuracy = float((predictions == labels).float().mean())
     print(f"wrote {path}: {len(chosen)} test images, {wrong} of them mis-classified "

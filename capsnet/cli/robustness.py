@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from capsnet.cli.args import add_data_args, add_model_args, load_cli_model
-from capsnet.data.datasets import load_split
+from capsnet.cli.args import add_data_args, add_model_args, load_cli_model, load_cli_test_set
 from capsnet.data.transforms import AffineRanges, affine_set, angle_range, rotate
 from capsnet.experiments.robustness import (
     affine_rows,
@@ -25,7 +24,8 @@ def add_parser(subparsers) -> None:
     ranges = AffineRanges()
     p = subparsers.add_parser(
         "robustness", help="accuracy on rotated and affine-transformed test digits",
-        description="Evaluate checkpoints on the MNIST test set rotated from -MAX to +MAX "
+        description="Evaluate checkpoints on their test set (MNIST for digit models; "
+        "--dataset picks another) rotated from -MAX to +MAX "
         f"degrees and under seeded random affine transformations ({ranges.describe()}). "
         "Every model sees the same transformed digits (models taking larger inputs see them "
         "centred on their canvas). Writes robustness.csv, robustness.png (accuracy against "
@@ -38,7 +38,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--affine-seed", type=int, default=0, help="seed of the affine set")
     p.add_argument("--limit", type=int, default=None,
                    help="use the first N test images only (default: all 10,000)")
-    add_data_args(p)
+    add_data_args(p, model_default=True)
     add_model_args(p, checkpoint=None)
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--out-dir", default="runs/robustness", help="where the CSV and plots go")
@@ -50,7 +50,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     models = named_models(args.checkpoints,
                           [load_cli_model(args, path) for path in args.checkpoints], args.labels)
-    test = load_split(args.dataset, "test", args.data_dir, args.download)
+    smallest = min(models, key=lambda m: m.image_size)  # larger canvases see its images centred
+    test = load_cli_test_set(args, smallest.model.config)
     test = test.to(next(models[0].model.parameters()).device)
     if args.limit is not None:
         test = test.subset(range(min(args.limit, len(test))))
@@ -64,13 +65,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     out = Path(args.out_dir)
     write_csv(rows, out / "robustness.csv")
     (out / "table.md").write_text(markdown_table(rows, affine_label) + "\n")
-    title = f"{args.dataset} test ({len(test)} images)\naffine set: {ranges.describe()}"
+    dataset = args.dataset or smallest.model.config.dataset
+    title = f"{dataset} test ({len(test)} images)\naffine set: {ranges.describe()}"
     rotation_figure(rows, out / "robustness.png", title)
     sample = test.images[:EXAMPLES]
     examples_figure({**{f"{a:+g} deg": rotate(sample, a) for a in angles},
                    "affine": affine_set(sample, ranges, args.affine_seed)},
                   out / "examples.png", min(EXAMPLES, len(sample)))
-    print(f"accuracy (%) on {len(test)} {args.dataset} test images; "
+    print(f"accuracy (%) on {len(test)} {dataset} test images; "
           f"affine set: {ranges.describe()}")
     print(format_table(rows, affine_label))
     print(f"wrote {out / 'robustness.csv'}, {out / 'robustness.png'}, {out / 'examples.png'}, "

@@ -60,7 +60,7 @@ def _first_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
-def _flatten(image: Image.Image) -> Image.Image:
+def flatten_image(image: Image.Image) -> Image.Image:
     """A decoded image in any mode -> mode L or RGB (see the module docstring)."""
     if image.mode in WIDE_GREY_MODES:
         wide = np.asarray(image, dtype=np.float64)  # (H, W)
@@ -86,7 +86,7 @@ def open_image(path: str | os.PathLike) -> Image.Image:
         try:
             with Image.open(path) as image:
                 image.load()
-                return _flatten(ImageOps.exif_transpose(image))
+                return flatten_image(ImageOps.exif_transpose(image))
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
             raise BadImageError(path, f"refused as a possible decompression bomb: "
                                       f"{_first_line(err)}") from err
@@ -108,7 +108,13 @@ def decode_image_file(path: str | os.PathLike, size: tuple[int, int] | None = No
     3 to RGB; None gives (1, H, W) for a grey image and (3, H, W) for a colour one.
     Raises BadImageError.
     """
-    image = open_image(path)
+    return image_array(open_image(path), size, channels)
+
+
+def image_array(image: Image.Image, size: tuple[int, int] | None = None,
+                channels: int | None = None) -> np.ndarray:
+    """An image of mode L or RGB (see :func:`flatten_image`) -> uint8 (C, H, W), resized
+    and converted as :func:`decode_image_file` says."""
     if size is not None and image.size != (size[1], size[0]):
         image = image.resize((size[1], size[0]), RESAMPLE)  # Pillow sizes are (W, H)
     if channels == GREY and image.mode != "L":

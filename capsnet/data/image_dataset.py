@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 PIXEL_MAX = 255  # uint8 images: 0 (black) .. PIXEL_MAX (white); model inputs are pixel / PIXEL_MAX
@@ -103,3 +104,17 @@ class ImageDataset:
             weights = torch.tensor(LUMA_WEIGHTS, device=self.images.device).view(1, 3, 1, 1)
             images = (self.images.float() * weights).sum(1).round().to(torch.uint8)  # (N, H, W)
         return ImageDataset(images, self.labels, self.classes, self.name, dict(self.info))
+
+
+def display_images(images: torch.Tensor | np.ndarray) -> np.ndarray:
+    """uint8 images (N, H, W) or (N, C, H, W), C = 1 or 3 -> a numpy array in the display
+    layout that PIL, matplotlib and PNG files take: (N, H, W) grey or (N, H, W, 3) RGB."""
+    array = images.cpu().numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
+    if array.ndim == GREY_NDIM:
+        return array
+    if array.ndim != CHANNELS_NDIM or array.shape[1] not in CHANNEL_COUNTS:
+        raise ValueError(f"expected images (N, H, W) or (N, C, H, W) with C in "
+                         f"{CHANNEL_COUNTS}, got {tuple(array.shape)}")
+    if array.shape[1] == 1:
+        return array[:, 0]  # (N, H, W)
+    return np.ascontiguousarray(np.moveaxis(array, 1, -1))  # (N, H, W, 3)

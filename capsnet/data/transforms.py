@@ -171,14 +171,16 @@ def inside_translation(boxes: torch.Tensor, matrix: torch.Tensor, position: torc
 
 def random_affine(images: torch.Tensor, params: AffineParams,
                   out_size: int | None = None) -> torch.Tensor:
-    """Transform each image (N, H, W) by its own affine map drawn in ``params`` (N sets),
+    """Transform each image (N, H, W) or (N, C, H, W) by its own affine map drawn in
+    ``params`` (N sets),
     on an ``out_size`` canvas (default: the input size), translated as
     :class:`AffineRanges` describes."""
     if len(params) != images.shape[0]:
         raise ValueError(f"{len(params)} parameter sets for {images.shape[0]} images")
     size_out = out_size or images.shape[-1]
     matrix = linear_matrix(params).to(images.device)  # (N, 2, 2)
-    shift = inside_translation(bounding_boxes(images), matrix, params.position, size_out)  # (N, 2)
+    ink = images if images.dim() == 3 else images.amax(dim=1)  # (N, H, W): any channel lit
+    shift = inside_translation(bounding_boxes(ink), matrix, params.position, size_out)  # (N, 2)
     return warp(images, matrix, shift, out_size=size_out)
 
 

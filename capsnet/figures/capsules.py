@@ -9,14 +9,15 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from capsnet.data.image_dataset import PIXEL_MAX
 from capsnet.figures.common import (
     OTHER_COLOR,
     RIGHT_COLOR,
     WINNER_COLOR,
     WRONG_COLOR,
+    draw_image,
     mosaic,
     save_figure,
+    short_label,
     show_image,
 )
 
@@ -27,24 +28,29 @@ MARGIN_INCHES = 0.7  # room for tick labels and titles
 
 def reconstruction_figure(images: np.ndarray, reconstructions: np.ndarray, labels: Sequence[int],
                           predictions: Sequence[int], path: str | os.PathLike, columns: int = 10,
-                          label_reconstructions: np.ndarray | None = None) -> Path:
-    """Figure 3: inputs (N, H, W) uint8 each above its reconstruction (N, H, W) from the
-    predicted capsule, titled 'label -> prediction', mis-classified ones in red. With
-    ``label_reconstructions`` (N, H, W), a third row shows, for mis-classified inputs only,
-    the reconstruction from the true label's capsule. Rows of ``columns`` images."""
+                          label_reconstructions: np.ndarray | None = None,
+                          class_names: Sequence[str] | None = None) -> Path:
+    """Figure 3: inputs (N, H, W) or (N, H, W, 3) uint8 each above its reconstruction (the
+    same layout) from the predicted capsule, titled 'label -> prediction' (by name when
+    ``class_names`` are given), mis-classified ones in red. With ``label_reconstructions``,
+    a third row shows, for mis-classified inputs only, the reconstruction from the true
+    label's capsule. Rows of ``columns`` images."""
     N = len(images)
     columns = max(1, min(columns, N))
     chunks = -(-N // columns)  # ceil
     wrong = [int(label) != int(p) for label, p in zip(labels, predictions, strict=True)]
     rows = 3 if label_reconstructions is not None and any(wrong) else 2
-    fig = Figure(figsize=(columns * CELL_INCHES, rows * chunks * CELL_INCHES * 1.2))
+    title_rows = 1.5 if class_names else 1.2  # names take two title lines
+    fig = Figure(figsize=(columns * CELL_INCHES, rows * chunks * CELL_INCHES * title_rows),
+                 layout="constrained")
     axes = fig.subplots(rows * chunks, columns, squeeze=False)
     for ax in axes.ravel():
         ax.axis("off")
     for i in range(N):
         row, col = rows * (i // columns), i % columns
         color = WRONG_COLOR if wrong[i] else RIGHT_COLOR
-        title = f"{int(labels[i])} \u2192 {int(predictions[i])}"
+        title = f"{_name(labels[i], class_names)} \u2192\n{_name(predictions[i], class_names)}" \
+            if class_names else f"{int(labels[i])} \u2192 {int(predictions[i])}"
         show_image(axes[row, col], images[i], title, color)
         show_image(axes[row + 1, col], reconstructions[i])
         if rows == 3 and wrong[i]:
@@ -60,18 +66,23 @@ def reconstruction_figure(images: np.ndarray, reconstructions: np.ndarray, label
     return save_figure(fig, path)
 
 
-def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int],
+def _name(index: int, class_names: Sequence[str] | None) -> str:
+    return short_label(class_names[int(index)]) if class_names else str(int(index))
+
+
+def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int | str],
                         deltas: Sequence[float], path: str | os.PathLike) -> Path:
-    """Figure 4: for each digit a grid (D, S, H, W) uint8 of decoded images, row d with
-    pose dimension d moved by each of the S ``deltas``. Digits side by side."""
+    """Figure 4: for each class a grid (D, S, H, W) or (D, S, H, W, 3) uint8 of decoded
+    images, row d with pose dimension d moved by each of the S ``deltas``. Side by side,
+    titled 'digit 7' for an index in ``digits``, by the text itself for a name."""
     D, S = grids[0].shape[:2]
     fig = Figure(figsize=(len(grids) * (S * GRID_CELL_INCHES + MARGIN_INCHES),
                           D * GRID_CELL_INCHES + 2 * MARGIN_INCHES), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(grids), squeeze=False)[0])
     for ax, grid, digit in zip(axes, grids, digits, strict=True):
-        H, W = grid.shape[2:]
-        ax.imshow(mosaic(grid), cmap="gray", vmin=0, vmax=PIXEL_MAX, interpolation="nearest")
-        ax.set_title(f"digit {digit}", fontsize=9)
+        H, W = grid.shape[2:4]
+        draw_image(ax, mosaic(grid))
+        ax.set_title(f"digit {digit}" if isinstance(digit, int) else str(digit), fontsize=9)
         ax.set_xticks([s * (W + 1) + W / 2 for s in range(S)])
         ax.set_xticklabels([f"{d:+.2f}" for d in deltas], rotation=90, fontsize=6)
         ax.set_yticks([d * (H + 1) + H / 2 for d in range(D)])
@@ -83,9 +94,11 @@ def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int],
 
 
 def prediction_figure(image: np.ndarray, reconstruction: np.ndarray | None,
-                      lengths: Sequence[float], title: str, path: str | os.PathLike) -> Path:
-    """An input (H, W) uint8 as the model saw it, its reconstruction (H, W) or None, and the
-    per-class capsule lengths (J,) as bars."""
+                      lengths: Sequence[float], title: str, path: str | os.PathLike,
+                      class_names: Sequence[str] | None = None) -> Path:
+    """An input (H, W) or (H, W, 3) uint8 as the model saw it, its reconstruction (the same
+    layout) or None, and the per-class capsule lengths (J,) as bars, labelled by
+    ``class_names`` when given."""
     panels = 3 if reconstruction is not None else 2
     fig = Figure(figsize=(3 * panels, 3))
     axes = fig.subplots(1, panels)
@@ -97,6 +110,8 @@ def prediction_figure(image: np.ndarray, reconstruction: np.ndarray | None,
     bars.bar(range(len(lengths)), lengths,
              color=[WINNER_COLOR if j == winner else OTHER_COLOR for j in range(len(lengths))])
     bars.set_xticks(range(len(lengths)))
+    if class_names and any(name != str(j) for j, name in enumerate(class_names)):
+        bars.set_xticklabels([short_label(n) for n in class_names], rotation=90, fontsize=7)
     bars.set_ylim(0, 1)
     bars.set_title("capsule lengths", fontsize=8)
     fig.suptitle(title, fontsize=9)

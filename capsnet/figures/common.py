@@ -1,4 +1,6 @@
-"""What every figure shares: the PNG writer, colours, sizes and tiling of digit images.
+"""What every figure shares: the PNG writer, colours, sizes and tiling of images.
+
+Images are uint8 in the display layout: (H, W) grey or (H, W, 3) RGB.
 
 Figures are built on ``matplotlib.figure.Figure`` objects (the Agg renderer), never
 pyplot, so they are safe in servers, threads and headless machines.
@@ -31,18 +33,36 @@ def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
 
 
 def mosaic(tiles: np.ndarray, pad: int = 1, pad_value: int = PAD_VALUE) -> np.ndarray:
-    """Tiles (R, C, H, W) -> one image (R*(H+pad)-pad, C*(W+pad)-pad) with separators."""
-    R, C, H, W = tiles.shape
-    out = np.full((R * (H + pad) - pad, C * (W + pad) - pad), pad_value, dtype=tiles.dtype)
+    """Tiles (R, C, H, W) grey or (R, C, H, W, 3) RGB -> one image (R*(H+pad)-pad,
+    C*(W+pad)-pad) or (..., 3) with separators."""
+    R, C, H, W = tiles.shape[:4]
+    out = np.full((R * (H + pad) - pad, C * (W + pad) - pad, *tiles.shape[4:]), pad_value,
+                  dtype=tiles.dtype)
     for r in range(R):
         for c in range(C):
             out[r * (H + pad):r * (H + pad) + H, c * (W + pad):c * (W + pad) + W] = tiles[r, c]
     return out
 
 
+def draw_image(ax, image: np.ndarray, alpha: float = 1.0) -> None:
+    """An image in the display layout on ``ax``: (H, W) uint8 as grey levels, (H, W, 3)
+    uint8 in colour."""
+    if image.ndim == 2:
+        ax.imshow(image, cmap="gray", vmin=0, vmax=PIXEL_MAX, interpolation="nearest",
+                  alpha=alpha)
+    else:
+        ax.imshow(image, interpolation="nearest", alpha=alpha)
+
+
 def show_image(ax, image: np.ndarray, title: str | None = None, color: str = RIGHT_COLOR) -> None:
-    ax.imshow(image, cmap="gray", vmin=0, vmax=PIXEL_MAX, interpolation="nearest")
+    """An image (H, W) or (H, W, 3) uint8 without ticks, with an optional title."""
+    draw_image(ax, image)
     ax.set_xticks([])
     ax.set_yticks([])
     if title is not None:
         ax.set_title(title, fontsize=8, color=color)
+
+
+def short_label(text: str, limit: int = 12) -> str:
+    """``text`` cut to ``limit`` characters (an ellipsis marks the cut), for tiny titles."""
+    return text if len(text) <= limit else text[:limit - 1] + "\u2026"

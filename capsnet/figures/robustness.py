@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from capsnet.data.image_dataset import PIXEL_MAX
+from capsnet.data.image_dataset import PIXEL_MAX, display_images
 from capsnet.experiments.robustness import AFFINE, ROTATION
-from capsnet.figures.common import PERCENT, RIGHT_COLOR, WRONG_COLOR, save_figure
+from capsnet.figures.common import PERCENT, RIGHT_COLOR, WRONG_COLOR, save_figure, show_image
 
 ROTATION_INCHES = (7, 4.5)
 EXAMPLE_INCHES = (1.0, 1.1)  # per image: width, height of a row
@@ -46,16 +46,15 @@ def rotation_figure(rows: Sequence[dict], path: str | os.PathLike, title: str = 
 
 def examples_figure(sets: dict[str, torch.Tensor], path: str | os.PathLike,
                     count: int = 10) -> Path:
-    """A row of ``count`` images for each named set of images (N, H, W) uint8."""
+    """A row of ``count`` images for each named set of images (N, H, W) or (N, C, H, W)
+    uint8 (the model layout; colour shown in colour)."""
     width, height = EXAMPLE_INCHES
     fig = Figure(figsize=(width * count, height * len(sets)))
     axes = fig.subplots(len(sets), count, squeeze=False)
     for row, (name, images) in enumerate(sets.items()):
+        shown = display_images(images[:count])  # (count, H, W) or (count, H, W, 3)
         for col in range(count):
-            ax = axes[row][col]
-            ax.imshow(images[col].cpu().numpy(), cmap="gray", vmin=0, vmax=PIXEL_MAX)
-            ax.set_xticks([])
-            ax.set_yticks([])
+            show_image(axes[row][col], shown[col])
         axes[row][0].set_ylabel(name, rotation=0, ha="right", va="center", fontsize="small")
     return save_figure(fig, path)
 

@@ -19,8 +19,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from capsnet.data.image_dataset import PIXEL_MAX
-from capsnet.figures.common import RIGHT_COLOR, WRONG_COLOR, save_figure
+from capsnet.figures.common import RIGHT_COLOR, WRONG_COLOR, draw_image, save_figure, short_label
 
 PANEL_INCHES = 1.9  # side of one panel
 COUPLING_CMAP = "RdBu_r"  # diverging around the uniform coupling 1/J
@@ -34,21 +33,14 @@ MIN_SPREAD = 1e-6  # coupling scale half-width when every coupling is exactly 1/
 
 
 def grey_of(image: np.ndarray) -> np.ndarray:
-    """(H, W) or (C, H, W) uint8 -> (H, W) float brightness (the mean over channels)."""
+    """(H, W) or (H, W, 3) uint8 -> (H, W) float brightness (the mean over channels)."""
     image = np.asarray(image)
-    return image.astype(np.float32) if image.ndim == 2 else image.mean(axis=0)
+    return image.astype(np.float32) if image.ndim == 2 else image.mean(axis=-1)
 
 
 def show_input(ax, image: np.ndarray, alpha: float = 1.0) -> None:
-    """Draw an (H, W) grey or (C, H, W) uint8 image (1 channel grey, 3 channels colour)."""
-    image = np.asarray(image)
-    if image.ndim == 3 and image.shape[0] == 1:
-        image = image[0]
-    if image.ndim == 2:
-        ax.imshow(image, cmap="gray", vmin=0, vmax=PIXEL_MAX, interpolation="nearest",
-                  alpha=alpha)
-    else:
-        ax.imshow(np.moveaxis(image, 0, -1), interpolation="nearest", alpha=alpha)  # (H, W, C)
+    """Draw an image in the display layout, (H, W) grey or (H, W, 3) colour."""
+    draw_image(ax, np.asarray(image), alpha)
 
 
 def grid_extent(centres: Sequence[float]) -> tuple[float, float, float, float]:
@@ -98,11 +90,13 @@ def draw_support_overlay(ax, image: np.ndarray, support: np.ndarray, centres: Se
 def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
                    support_maps: np.ndarray, lengths: np.ndarray, titles: Sequence[str],
                    centres: Sequence[float], field: int, path: str | os.PathLike,
-                   wrong: Sequence[bool] | None = None) -> Path:
-    """One row per image. images: N of (H, W) or (C, H, W) uint8; coupling_maps and
-    support_maps (N, R, J, G, G) (from :class:`capsnet.routing_trace.RoutingTrace`);
-    lengths (N, J); titles: N strings (red where ``wrong``); centres (G,) and field:
-    the primary grid's receptive fields (:func:`capsnet.routing_trace.receptive_fields`)."""
+                   wrong: Sequence[bool] | None = None,
+                   class_names: Sequence[str] | None = None) -> Path:
+    """One row per image. images: N of (H, W) or (H, W, 3) uint8 (the display layout);
+    coupling_maps and support_maps (N, R, J, G, G) (from
+    :class:`capsnet.routing_trace.RoutingTrace`); lengths (N, J); titles: N strings (red
+    where ``wrong``); centres (G,) and field: the primary grid's receptive fields
+    (:func:`capsnet.routing_trace.receptive_fields`); class_names (J,) name the capsules."""
     N, R, J = coupling_maps.shape[:3]
     uniform = float(np.asarray(coupling_maps)[0, 0, 0].mean())  # iteration 1: every coupling equal
     columns = 2 + R + 1  # input, support, R coupling iterations, runner-up
@@ -122,7 +116,8 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
         support = support_maps[n, -1, winner]  # (G, G)
         support_norm = Normalize(0.0, max(float(support.max()), MIN_SPREAD))
         draw_support_overlay(row[1], images[n], support, centres, field, support_norm)
-        row[1].set_title(f"support for {winner}: |c\u00b7\u00fb| (iter. {R})", fontsize=8)
+        row[1].set_title(f"support for {_name(winner, class_names)}: |c\u00b7\u00fb| "
+                         f"(iter. {R})", fontsize=8)
         bar = fig.colorbar(ScalarMappable(support_norm, SUPPORT_CMAP), ax=row[1],
                            fraction=0.05, pad=0.02)
         bar.ax.tick_params(labelsize=6)
@@ -134,16 +129,22 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
         for r, ax in enumerate(row[2:2 + R]):
             draw_coupling_map(ax, shown[r], grey, centres, norm)
             note = " (uniform)" if r == 0 else ""
-            ax.set_title(f"c to {winner}, iteration {r + 1}{note}", fontsize=8)
+            ax.set_title(f"c to {_name(winner, class_names)}, iteration {r + 1}{note}",
+                         fontsize=8)
             ax.set_xlabel(f"mean {shown[r].mean():.4f}", fontsize=7)
         draw_coupling_map(row[-1], shown[-1], grey, centres, norm)
-        row[-1].set_title(f"c to runner-up {second}, iter. {R}", fontsize=8)
+        row[-1].set_title(f"c to runner-up {_name(second, class_names)}, iter. {R}",
+                          fontsize=8)
         row[-1].set_xlabel(f"mean {shown[-1].mean():.4f}", fontsize=7)
         bar = fig.colorbar(ScalarMappable(norm, COUPLING_CMAP), ax=row[2:], fraction=0.02,
                            pad=0.01)
         bar.ax.tick_params(labelsize=6)
         bar.set_label(f"coupling c, mean over types (1/{J} = uniform)", fontsize=6)
-    fig.suptitle("Routing by agreement: where the winning digit capsule's input comes from "
+    fig.suptitle("Routing by agreement: where the winning class capsule's input comes from "
                  "on the primary-capsule grid (cells at their receptive-field centres; "
                  "dashed: the strongest cell's receptive field)", fontsize=9)
     return save_figure(fig, path)
+
+
+def _name(index: int, class_names: Sequence[str] | None) -> str:
+    return short_label(class_names[index]) if class_names else str(index)

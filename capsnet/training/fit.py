@@ -48,8 +48,10 @@ def load_run_datasets(settings: TrainSettings, log: Log = print) -> tuple[ImageD
     decoded once (then cached) with those options; other datasets are adapted in memory."""
     s = settings
     if s.dataset == FOLDER:
+        # the test split carved out of a folder without test/ is the folder's own (seed 0),
+        # whatever the run's seed: every run and `capsnet evaluate` test on the same images
         train, test = load_dataset(s.dataset, s.data_dir, s.download, image_size=s.image_size,
-                                   channels=s.channels, seed=s.seed, skip_bad=s.skip_bad_images,
+                                   channels=s.channels, skip_bad=s.skip_bad_images,
                                    progress=s.progress)
         warning = format_skipped_warning(train.info)
         if warning:
@@ -83,10 +85,12 @@ def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print
 
 def data_overrides(settings: TrainSettings, data: RunData, image_size: int | None = None) -> dict:
     """What the data decides in the model's config: input size (``image_size`` for a
-    canvas), channels, classes and their names, and the dataset's name."""
+    canvas), channels, classes and their names, the dataset's name, and with training crops
+    the side of the images they are cut from."""
     return {"image_size": image_size or data.model_size, "in_channels": data.train.channels,
             "num_classes": len(data.train.classes), "class_names": tuple(data.train.classes),
-            "dataset": settings.dataset}
+            "dataset": settings.dataset,
+            "uncropped_size": data.train.image_size[0] if data.crop else None}
 
 
 class ClassifyTask(Task):

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from capsnet.data.datasets import load_split
+from capsnet.data.model_view import load_test_set
 from capsnet.devices import pick_device
 from capsnet.loading import model_from_checkpoint
 from capsnet.training.fit import fit
@@ -42,8 +42,9 @@ def summarise(settings: TrainSettings, seeds: list[int], errors: list[float],
               checkpoints: list[Path]) -> dict:
     """Mean ± std of the runs' test errors and the test error of their ensemble."""
     device = pick_device(settings.device)
-    test = load_split(settings.dataset, "test", settings.data_dir, settings.download).to(device)
     models = [model_from_checkpoint(c, map_location=device) for c in checkpoints]
+    test = load_test_set(models[0].config, settings.dataset, settings.data_dir, settings.download,
+                         skip_bad=settings.skip_bad_images, progress=False).to(device)
     mean, std = mean_std(errors)
     protocol = ("validation-selected epoch per seed" if settings.val_size > 0
                 else "final epoch per seed (no validation split)")

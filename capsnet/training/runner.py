@@ -111,12 +111,12 @@ def _run(task: Task, resume: str | None, argv, log: Log, world: World) -> dict:
     torch.manual_seed(settings.seed)
     random.seed(settings.seed)
     run_dir = Path(settings.out_dir)
-    if world.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
     distributed.per_rank_batch(settings.batch_size, world)  # fail early if not divisible
     with distributed.local_main_first(world):  # one download per machine
         task.prepare(device)
     model, optimizer, scheduler = build_training(settings, task.model_overrides(), device)
+    if world.is_main:  # only now: bad data or an unworkable size leave no run directory
+        run_dir.mkdir(parents=True, exist_ok=True)
     state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None, "reached_target": False}
     saved_plan = None
     if resume is not None:

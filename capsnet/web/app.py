@@ -2,16 +2,24 @@
 
 Routes:
     GET  /             the page (static/index.html, static/app.js, static/style.css)
+    GET  /api/model    what the model takes and tells apart: {"classes": [J names],
+                       "dataset", "channels", "image_size", "digits": true for a digit model
+                       (drawing makes sense), "has_decoder"}
     POST /api/predict  an image upload (multipart field 'image', or the raw image as the
-                       body of any other request) -> digit, capsule lengths, winning pose,
-                       input, reconstruction and (for a CapsNet) the routing maps:
+                       body of any other request), prepared for the model as `capsnet
+                       predict` does -> "class" (the name), "index" and "digit" (both the
+                       index), "classes", capsule lengths, winning pose, input and
+                       reconstruction (PNG data URLs, grey or RGB as the model sees them)
+                       and (for a CapsNet) the routing maps:
                        "routing": {"iterations": R, "capsules": J, "grid": G, "types": T,
+                       "size": the input's side in pixels,
                        "centres": [G receptive-field centres in input pixels], "field": side,
                        "uniform": 1/J, "couplings": (R, J, G, G) mean coupling over types,
                        "support": (R, J, G, G) |c u_hat| summed over types, "shares": (R, J)
                        share of the primary output routed to each capsule,
                        "coupling_spread": max |c - 1/J| of the maps, "support_max": max}
-    POST /api/decode   JSON {"digit": k, "pose": [D floats]} -> the decoded reconstruction
+    POST /api/decode   JSON {"index": k, "pose": [D floats]} ("digit" is taken for "index")
+                       -> the decoded reconstruction
 
 Every error is a JSON {"error": message} with a 4xx status (5xx only for a bug), so a bad
 upload (not an image, empty, too many bytes or pixels) never takes the server down.
@@ -34,8 +42,9 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.serving import BaseWSGIServer
 from werkzeug.serving import make_server as werkzeug_make_server
 
+from capsnet.config import class_names, is_digit_model
 from capsnet.inference import decode_pose, model_device, predict_prepared, to_uint8
-from capsnet.preprocess import ImageTooLargeError, PreprocessError, prepare_image
+from capsnet.preprocess import ImageTooLargeError, PreprocessError, prepare_for_model
 from capsnet.routing_trace import receptive_fields, routing_trace
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -49,7 +58,7 @@ HTTP_BAD_REQUEST, HTTP_TOO_LARGE, HTTP_SERVER_ERROR = 400, 413, 500
 
 
 def png_data_url(image: np.ndarray) -> str:
-    """uint8 (H, W) -> 'data:image/png;base64,...'."""
+    """uint8 (H, W) grey or (H, W, 3) RGB -> 'data:image/png;base64,...'."""
     buffer = io.BytesIO()
     Image.fromarray(image).save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
@@ -73,6 +82,10 @@ def create_app(model: nn.Module) -> Flask:
     def index():
         return app.send_static_file("index.html")
 
+    @app.get("/api/model")
+    def api_model():
+        return jsonify(model_info(model.config, has_decoder))
+
     @app.post("/api/predict")
     def api_predict():
         return _predict_response(model, lock, has_routing)
@@ -85,6 +98,14 @@ def create_app(model: nn.Module) -> Flask:
     return app
 
 
+def model_info(config, has_decoder: bool) -> dict:
+    """GET /api/model: the classes, the input the model takes, and whether it is a model of
+    handwritten digits (drawing on the page makes sense)."""
+    return {"classes": class_names(config), "dataset": config.dataset,
+            "channels": config.in_channels, "image_size": config.image_size,
+            "digits": is_digit_model(config), "has_decoder": has_decoder}
+
+
 def _predict_response(model: nn.Module, lock: threading.Lock, has_routing: bool):
     """POST /api/predict: the uploaded image -> prediction, reconstruction and routing."""
     if request.mimetype == MULTIPART and not request.files:
@@ -94,7 +115,7 @@ def _predict_response(model: nn.Module, lock: threading.Lock, has_routing: bool)
     if not data:
         return error("empty upload: choose an image file or draw a digit")
     try:
-        image = prepare_image(data)  # (28, 28) uint8
+        image = prepare_for_model(data, model.config)  # (C, H, W) uint8
     except ImageTooLargeError as exc:
         return error(str(exc), HTTP_TOO_LARGE)
     except PreprocessError as exc:
@@ -102,32 +123,32 @@ def _predict_response(model: nn.Module, lock: threading.Lock, has_routing: bool)
     with lock:
         [p] = predict_prepared(model, image[None], ["upload"], TOP_K)
         routing = routing_maps(model, image) if has_routing else None
-    return jsonify(digit=p.digit, length=p.length, lengths=p.lengths, top=p.top,
-                   pose=p.pose, input=png_data_url(p.image),
+    return jsonify(digit=p.digit, index=p.index, length=p.length, lengths=p.lengths, top=p.top,
+                   pose=p.pose, input=png_data_url(p.image), classes=p.class_names,
                    reconstruction=(png_data_url(p.reconstruction)
                                    if p.reconstruction is not None else None),
-                   routing=routing)
+                   routing=routing, **{"class": p.class_name})
 
 
 def _decode_response(model: nn.Module, lock: threading.Lock, has_decoder: bool,
                      num_classes: int):
-    """POST /api/decode: JSON {"digit": k, "pose": [D floats]} -> the decoded image."""
+    """POST /api/decode: JSON {"index": k, "pose": [D floats]} -> the decoded image."""
     if not has_decoder:
         return error("this model has no reconstruction decoder")
     body = request.get_json(silent=True)
     if not isinstance(body, dict):
-        return error("expected a JSON object {\"digit\": k, \"pose\": [numbers]}")
-    digit, pose = body.get("digit"), body.get("pose")
+        return error("expected a JSON object {\"index\": k, \"pose\": [numbers]}")
+    digit, pose = body.get("index", body.get("digit")), body.get("pose")
     dim = model.config.digit_dim
     if not isinstance(digit, int) or isinstance(digit, bool) or not 0 <= digit < num_classes:
-        return error(f"digit must be an integer in 0..{num_classes - 1}")
+        return error(f"index (or digit) must be an integer in 0..{num_classes - 1}")
     if (not isinstance(pose, list) or len(pose) != dim
             or not all(_finite_number(v) for v in pose)):
         return error(f"pose must be a list of {dim} finite numbers within "
                      f"+-{MAX_POSE_VALUE}")
     with lock:
         vector = torch.tensor([pose], dtype=torch.float32, device=model_device(model))  # (1, D)
-        recon = to_uint8(decode_pose(model, vector, digit))[0]  # (28, 28)
+        recon = to_uint8(decode_pose(model, vector, digit))[0]  # (H, W) or (H, W, 3)
     return jsonify(reconstruction=png_data_url(recon))
 
 
@@ -148,14 +169,15 @@ def _register_error_handlers(app: Flask) -> None:
 
 
 def routing_maps(model: nn.Module, image: np.ndarray) -> dict:
-    """The routing of one MNIST-like uint8 image (H, W) as small JSON-ready arrays (see the
-    module docstring for the fields)."""
+    """The routing of one uint8 image (C, H, W) prepared for the model, as small JSON-ready
+    arrays (see the module docstring for the fields)."""
     trace = routing_trace(model, torch.from_numpy(image)[None])
     couplings = trace.coupling_maps()[0].cpu()  # (R, J, G, G)
     support = trace.support_maps()[0].cpu()  # (R, J, G, G)
     J = couplings.shape[1]
     centres, field = receptive_fields(model.config)
     return {"iterations": trace.iterations, "capsules": J, "grid": trace.grid,
+            "size": int(image.shape[-1]),
             "types": trace.types, "centres": centres, "field": field,
             "uniform": float(trace.couplings[0, 0, 0, 0]),  # iteration 1: all couplings equal
             "couplings": _rounded(couplings), "support": _rounded(support),

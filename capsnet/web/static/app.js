@@ -1,15 +1,17 @@
 // CapsNet demo page: draw (pointer events: mouse, pen, touch) or upload -> /api/predict;
 // the routing maps of the reply are drawn on canvases; sliders move the winning capsule's
-// pose -> /api/decode. No libraries.
+// pose -> /api/decode. Classes are shown by name; a model that is not of handwritten digits
+// says so (GET /api/model), and uploading is the way to use it. No libraries.
 "use strict";
 
 const STROKE_WIDTH = 26;        // pixels on the 280x280 canvas: MNIST-like 2-3 pixel strokes at 28x28
 const PREDICT_DELAY_MS = 150;   // wait after the pen lifts before predicting
 const SLIDER_RANGE = 0.25;      // the paper's Figure 4 perturbations: -0.25 .. 0.25
 const SLIDER_STEP = 0.01;
-const MAP_SCALE = 6;            // canvas pixels per input pixel on the routing maps (28 -> 168)
+const NAME_CHARS = 10;          // class names shortened to this on bars and buttons
+const SHORT_NAME = 2;           // longer names ("cat", not "7") are written upwards under the bars
 const SUPPORT_ALPHA = 0.85;     // opacity of the strongest support cell over the input
-const INK_ALPHA = 0.6;          // opacity of the digit drawn over the coupling map
+const INK_ALPHA = 0.6;          // opacity of the input drawn over the coupling map
 const INK_RGB = [40, 40, 40];
 const FIELD_COLOR = "#17becf";  // dashed square: the strongest cell's receptive field
 const MAP_BACKGROUND = "#eef0f3"; // the coupling map outside the primary grid
@@ -42,7 +44,7 @@ const routingCaption = document.getElementById("routing-caption");
 
 let drawing = false;
 let predictTimer = null;
-let current = null;             // last prediction: {digit, pose}
+let current = null;             // last prediction: {index, pose}
 let decodeBusy = false;
 let decodePending = false;
 let routing = null;             // {maps: reply.routing, winner, capsule, iteration (0-based), ink}
@@ -99,11 +101,30 @@ function endStroke() {
 pad.addEventListener("pointerup", endStroke);
 pad.addEventListener("pointercancel", endStroke);
 
+let readyText = "Draw a digit in the box.";
+
 document.getElementById("clear").addEventListener("click", () => {
   clearPad();
   showEmpty();
-  setStatus("Draw a digit in the box.");
+  setStatus(readyText);
 });
+
+// What the model tells apart: a model that is not of handwritten digits says so.
+async function describeModel() {
+  let info;
+  try {
+    info = await readJson(await fetch("/api/model"));
+  } catch (_) {
+    return;  // the page works without it: the classes come with each prediction
+  }
+  if (info.digits) return;
+  const kind = info.channels === 3 ? "colour" : "grey";
+  readyText = `Upload an image: this model (${info.dataset}, ${info.image_size}\u00d7` +
+    `${info.image_size} ${kind}) tells apart ${info.classes.length} classes: ` +
+    `${info.classes.join(", ")}. Drawing works too, but it was not trained on drawings.`;
+  document.getElementById("input-title").textContent = "Your image";
+  setStatus(readyText);
+}
 
 function predictDrawing() {
   pad.toBlob((blob) => sendImage(blob, "drawing.png"), "image/png");
@@ -129,7 +150,7 @@ async function sendImage(blob, name) {
     return;
   }
   showPrediction(reply);
-  setStatus(`Predicted ${reply.digit} (capsule length ${reply.length.toFixed(3)}).`);
+  setStatus(`Predicted ${reply.class} (capsule length ${reply.length.toFixed(3)}).`);
 }
 
 async function readJson(response) {
@@ -142,13 +163,16 @@ async function readJson(response) {
 }
 
 function showPrediction(reply) {
-  current = { digit: reply.digit, pose: reply.pose };
-  digitEl.textContent = String(reply.digit);
-  const others = reply.top.slice(1).map(([d, s]) => `${d}: ${s.toFixed(2)}`).join(", ");
+  current = { index: reply.index, pose: reply.pose };
+  const names = reply.classes;
+  digitEl.textContent = reply.class;
+  digitEl.title = `class ${reply.index}`;
+  digitEl.classList.toggle("named", reply.class.length > SHORT_NAME);
+  const others = reply.top.slice(1).map(([j, s]) => `${names[j]}: ${s.toFixed(2)}`).join(", ");
   lengthEl.textContent = `length ${reply.length.toFixed(3)}` + (others ? ` (then ${others})` : "");
   seenImg.src = reply.input;
   if (reply.reconstruction) reconImg.src = reply.reconstruction; else reconImg.removeAttribute("src");
-  drawBars(reply.lengths, reply.digit);
+  drawBars(reply.lengths, reply.index, names);
   showRouting(reply);
   buildSliders(reply.pose);
 }
@@ -166,18 +190,23 @@ function showEmpty() {
   resetBtn.disabled = true;
 }
 
-function drawBars(lengths, winner) {
+function shortName(name) {
+  return name.length <= NAME_CHARS ? name : name.slice(0, NAME_CHARS - 1) + "\u2026";
+}
+
+function drawBars(lengths, winner, names) {
   const top = Math.max(1, ...lengths);
+  barsEl.classList.toggle("named", names.some((name) => name.length > SHORT_NAME));
   barsEl.replaceChildren(...lengths.map((value, j) => {
     const bar = document.createElement("div");
     bar.className = "bar" + (j === winner ? " winner" : "");
-    bar.title = `${j}: ${value.toFixed(3)}`;
+    bar.title = `${names[j]}: ${value.toFixed(3)}`;
     const fill = document.createElement("div");
     fill.className = "fill";
     fill.style.height = `${(100 * value / top).toFixed(1)}%`;
     const label = document.createElement("span");
     label.className = "label";
-    label.textContent = String(j);
+    label.textContent = shortName(names[j]);
     bar.append(fill, label);
     return bar;
   }));
@@ -203,15 +232,15 @@ function showRouting(reply) {
   const maps = reply.routing;
   if (!maps) { routing = null; routingPanel.hidden = true; return; }
   routingPanel.hidden = false;
-  const state = { maps, winner: reply.digit, capsule: reply.digit,
+  const state = { maps, names: reply.classes, winner: reply.index, capsule: reply.index,
                   iteration: maps.iterations - 1, ink: null };
   routing = state;
   delete supportCanvas.dataset.input;  // set to "drawn" once the input is under the maps
-  routingHint.textContent = `Where a digit capsule's input comes from: each cell is one ` +
+  routingHint.textContent = `Where a class capsule's input comes from: each cell is one ` +
     `position of the ${maps.grid}\u00d7${maps.grid} primary-capsule grid (${maps.types} ` +
     `capsule types each), drawn at the centre of its ${maps.field}-pixel receptive field.`;
-  buildChoices(capsulesEl, maps.capsules, "caps", (j) => String(j),
-               (j) => { state.capsule = j; drawRouting(); });
+  buildChoices(capsulesEl, maps.capsules, "caps", (j) => shortName(state.names[j]),
+               (j) => { state.capsule = j; drawRouting(); }, (j) => String(j));
   capsulesEl.children[state.winner].classList.add("winner");
   buildChoices(iterationsEl, maps.iterations, "iter", (r) => String(r + 1),
                (r) => { state.iteration = r; drawRouting(); });
@@ -236,10 +265,11 @@ function showRouting(reply) {
   image.src = reply.input;
 }
 
-function buildChoices(container, count, prefix, label, choose) {
+// Buttons labelled label(k), with ids prefix-key(k), calling choose(k).
+function buildChoices(container, count, prefix, label, choose, key = label) {
   container.replaceChildren(...Array.from({ length: count }, (_, k) => {
     const button = document.createElement("button");
-    Object.assign(button, { type: "button", id: `${prefix}-${label(k)}`, textContent: label(k) });
+    Object.assign(button, { type: "button", id: `${prefix}-${key(k)}`, textContent: label(k) });
     button.addEventListener("click", () => choose(k));
     return button;
   }));
@@ -260,18 +290,22 @@ function drawColorbar(id, ramp) {
   }
 }
 
+// Canvas pixels per input pixel on the routing maps (168 / 28 = 6 for MNIST).
+function mapScale(maps) { return supportCanvas.width / maps.size; }
+
 // Cell (row, col) of the primary grid as a canvas square, one grid step wide, centred on
-// its receptive-field centre (input pixel k spans k..k+1 times MAP_SCALE).
+// its receptive-field centre (input pixel k spans k..k+1 times the map scale).
 function cellRect(maps, row, col) {
+  const scale = mapScale(maps);
   const c = maps.centres;
   const step = c.length > 1 ? c[1] - c[0] : 1;
-  return [(c[col] + 0.5 - step / 2) * MAP_SCALE, (c[row] + 0.5 - step / 2) * MAP_SCALE,
-          step * MAP_SCALE, step * MAP_SCALE];
+  return [(c[col] + 0.5 - step / 2) * scale, (c[row] + 0.5 - step / 2) * scale,
+          step * scale, step * scale];
 }
 
 function drawRouting() {
   if (!routing) return;
-  const { maps, capsule, iteration, winner, ink } = routing;
+  const { maps, names, capsule, iteration, winner, ink } = routing;
   const support = maps.support[iteration][capsule];       // (G, G)
   const couplings = maps.couplings[iteration][capsule];   // (G, G)
   [...capsulesEl.children].forEach((b, j) => b.setAttribute("aria-pressed", String(j === capsule)));
@@ -290,7 +324,7 @@ function drawRouting() {
     if (value > support[best[0]][best[1]]) best = [r, c];
   }));
   const [x, y, w] = cellRect(maps, ...best);
-  const side = maps.field * MAP_SCALE;
+  const side = maps.field * mapScale(maps);
   sctx.setLineDash([4, 3]);
   sctx.strokeStyle = FIELD_COLOR;
   sctx.strokeRect(x + w / 2 - side / 2, y + w / 2 - side / 2, side, side);
@@ -315,13 +349,14 @@ function drawRouting() {
 
   const share = 100 * maps.shares[iteration][capsule];
   const mean = sum / (maps.grid * maps.grid);
-  routingCaption.textContent = `Capsule ${capsule}` + (capsule === winner ? " (the prediction)" : "") +
+  routingCaption.textContent = `Capsule ${names[capsule]}` + (capsule === winner ? " (the prediction)" : "") +
     `, iteration ${iteration + 1} of ${maps.iterations}` + (iteration === 0 ? " (uniform)" : "") +
     `: ${share.toFixed(1)}% of the primary capsules' output is routed here ` +
     `(uniform: ${(100 * maps.uniform).toFixed(1)}%); mean coupling ${mean.toFixed(4)}.`;
 }
 
-// The digit as dark, semi-transparent ink (drawn over the coupling map), made once per input.
+// The input as dark, semi-transparent ink over the coupling map (its brightness, the mean of
+// the channels, sets the opacity), made once per input.
 function inkLayer(state) {
   if (state.inkLayer) return state.inkLayer;
   const { width, height } = state.ink;
@@ -331,7 +366,8 @@ function inkLayer(state) {
   const lctx = layer.getContext("2d");
   const out = lctx.createImageData(width, height);
   for (let p = 0; p < width * height; p++) {
-    out.data.set([...INK_RGB, Math.round(INK_ALPHA * pixels.data[4 * p])], 4 * p);
+    const [r, g, b] = pixels.data.subarray(4 * p, 4 * p + 3);
+    out.data.set([...INK_RGB, Math.round(INK_ALPHA * (r + g + b) / 3)], 4 * p);
   }
   lctx.putImageData(out, 0, 0);
   state.inkLayer = layer;
@@ -384,7 +420,7 @@ async function requestDecode() {
     const response = await fetch("/api/decode", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ digit: current.digit, pose: movedPose() }),
+      body: JSON.stringify({ index: current.index, pose: movedPose() }),
     });
     const reply = await readJson(response);
     reconImg.src = reply.reconstruction;
@@ -397,3 +433,4 @@ async function requestDecode() {
 }
 
 clearPad();
+describeModel();
