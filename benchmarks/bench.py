@@ -1,10 +1,11 @@
 """Training-step and inference speed of capsnet against public styles of CapsNet, in one run.
 
-    python benchmarks/bench.py                      # CPU (or the GPU when present), batch 128
-    python benchmarks/bench.py --repeats 7 --memory # also each case's peak memory
+    python benchmarks/bench.py                  # CPU (or the GPU when present), batch 128
+    python benchmarks/bench.py --repeats 7 --cases capsnet,broadcast-style
 
-Every case is built in this one process and timed in interleaved rounds (a, b, c, a, b,
-c, ...), so that a host whose speed drifts shifts them all alike and the ratios hold. The
+Every case runs in a process of its own (no shared heap; its own peak memory), and the
+processes are timed in interleaved rounds (a, b, c, a, b, c, ...: one call each per
+round), so that a host whose speed drifts shifts them all alike and the ratios hold. The
 cases:
 
 - ``seed-style``: the naive reference (benchmarks/naive_reference.py): W copied per
@@ -19,18 +20,19 @@ cases:
   (``mode="reduce-overhead"``).
 
 It prints the CPU model and flags (or the GPU), the measured plan, images/s for a training
-step (forward, backward, Adam) and for inference, and ratios against both references and
-against the fastest forced path. ``--memory`` adds each case's peak memory, measured in a
-subprocess of its own (GPU: max allocated; CPU: peak resident set). Every case runs under
-the same process settings (``tune_backends``: heap reuse on the CPU unless
-``--default-allocator``).
+step (forward, backward, Adam) and for inference, ratios against both references and
+against the fastest forced path, and each case's peak memory (GPU: max allocated; CPU:
+peak resident set of its process). Every case runs under the same process settings
+(``tune_backends``: heap reuse on the CPU unless ``--default-allocator``).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -46,9 +48,9 @@ from capsnet.tuning import (  # noqa: E402
     choose_plan,
     conv_layers,
     cpu_info,
-    interleaved_medians,
     native_bf16,
 )
+from capsnet.tuning.plan import synchronize  # noqa: E402
 
 REFERENCES = ("seed-style", "broadcast-style")
 # torch.compile modes of the compiled cases; 'reduce-overhead' replays CUDA graphs (GPU only,
@@ -139,32 +141,92 @@ def build(case: str, device: torch.device, batch: int):
 
 
 def time_cases(cases: list[str], args, device: torch.device) -> dict:
-    """Seconds per training step and per inference batch of every case, interleaved."""
-    built = {case: build(case, device, args.batch_size) for case in cases}
-    train = interleaved_medians([b[0] for b in built.values()], device, args.warmup,
-                                args.repeats)
-    infer = interleaved_medians([b[1] for b in built.values()], device, args.warmup,
-                                args.repeats)
-    return {case: {"train_images_per_s": args.batch_size / t, "infer_images_per_s":
-                   args.batch_size / i, "plan": b[2].as_dict() if b[2] else None}
-            for (case, b), t, i in zip(built.items(), train, infer, strict=False)}
+    """Seconds per training step and per inference batch of every case, timed in
+    interleaved rounds, each case in a process of its own (:class:`CaseWorker`); then each
+    case's peak memory. ``args`` holds batch_size, warmup, repeats (and optionally
+    default_allocator)."""
+    workers = {case: CaseWorker(case, args, device) for case in cases}
+    try:
+        results = {}
+        for kind in ("train", "infer"):
+            for _ in range(args.warmup):
+                for worker in workers.values():
+                    worker.ask(kind)
+            times: dict[str, list[float]] = {case: [] for case in cases}
+            for _ in range(args.repeats):
+                for case, worker in workers.items():  # a, b, c, a, b, c, ...
+                    times[case].append(float(worker.ask(kind)))
+            for case in cases:
+                results.setdefault(case, {})[f"{kind}_images_per_s"] = (
+                    args.batch_size / statistics.median(times[case]))
+        for case, worker in workers.items():
+            results[case]["plan"] = json.loads(worker.ask("plan"))
+            results[case]["peak_mb"] = float(worker.ask("memory"))
+        return results
+    finally:
+        for worker in workers.values():
+            worker.close()
 
 
-def peak_memory_mb(case: str, args, device: torch.device) -> float:
-    """Peak memory of a few training steps of ``case`` in a fresh process."""
-    child = [sys.executable, __file__, "--memory-case", case, "--device", str(device),
-             "--batch-size", str(args.batch_size)]
-    child += ["--default-allocator"] if args.default_allocator else []
-    out = subprocess.run(child, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["peak_mb"]
+class CaseWorker:
+    """One case in a process of its own that times one call at a time on request: cases
+    are timed in turns without sharing a heap, and each has its own peak memory."""
+
+    def __init__(self, case: str, args, device: torch.device):
+        self.case = case
+        command = [sys.executable, __file__, "--worker", case, "--device", str(device),
+                   "--batch-size", str(args.batch_size)]
+        if getattr(args, "default_allocator", False):
+            command.append("--default-allocator")
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+        # one case built (and its plan measured) at a time: nothing else runs meanwhile
+        self._answer()
+
+    def _answer(self) -> str:
+        answer = self.process.stdout.readline()
+        if not answer:
+            error = self.process.stderr.read().strip().splitlines()
+            raise RuntimeError(f"bench case {self.case} failed: "
+                               f"{error[-1] if error else 'no output'}")
+        return answer.strip()
+
+    def ask(self, request: str) -> str:
+        """Send one request ('train', 'infer', 'plan', 'memory'); the worker's one-line answer."""
+        self.process.stdin.write(request + "\n")
+        self.process.stdin.flush()
+        return self._answer()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            self.process.wait()
 
 
-def measure_memory_here(case: str, args, device: torch.device) -> float:
-    step, _, _ = build(case, device, args.batch_size)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    for _ in range(2):
-        step()
+def serve_case(case: str, args, device: torch.device) -> None:
+    """The worker's side: build the case, then answer requests from stdin until it closes."""
+    step, inference, plan = build(case, device, args.batch_size)
+    print("ready", flush=True)
+    calls = {"train": step, "infer": inference}
+    for request in sys.stdin:
+        request = request.strip()
+        if request in calls:
+            synchronize(device)
+            start = time.perf_counter()
+            calls[request]()
+            synchronize(device)
+            answer = repr(time.perf_counter() - start)
+        elif request == "plan":
+            answer = json.dumps(plan.as_dict() if plan else None)
+        elif request == "memory":
+            answer = repr(peak_memory_mb(device))
+        else:
+            raise ValueError(f"unknown request {request!r}")
+        print(answer, flush=True)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """This process's peak memory: GPU max allocated, else the peak resident set."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return peak_resident_mb()
@@ -226,23 +288,18 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--cases", default=None, help="comma-separated subset of cases")
-    parser.add_argument("--memory", action="store_true",
-                        help="also measure each case's peak memory (one subprocess per case)")
-    parser.add_argument("--memory-case", default=None, help=argparse.SUPPRESS)  # child process
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one case's process
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("--default-allocator", action="store_true",
                         help="leave glibc malloc as it is (no heap reuse) in every case")
     args = parser.parse_args(argv)
     device = pick_device(args.device)
     tune_backends(device, reuse_freed_memory=not args.default_allocator)
-    if args.memory_case:
-        print(json.dumps({"peak_mb": measure_memory_here(args.memory_case, args, device)}))
+    if args.worker:
+        serve_case(args.worker, args, device)
         return 0
     cases = args.cases.split(",") if args.cases else cases_for(device, args.skip_reference)
     results = time_cases(cases, args, device)
-    if args.memory:
-        for case in cases:
-            results[case]["peak_mb"] = peak_memory_mb(case, args, device)
     print_table(results, device, args.batch_size)
     if args.json:
         record = {"device": describe_device(device), "batch": args.batch_size,

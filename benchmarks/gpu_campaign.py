@@ -167,8 +167,7 @@ def stage_bench(c: Campaign, budget: Budget) -> dict:
     gpu = c.device.type == "cuda"
     parts = {"cases": lambda: bench_cases(c, work),
              "epoch": lambda: bench_epoch(c, work / "epoch"),
-             "memory": lambda: bench_memory(c, record["cases"]) if gpu
-             else {"skipped": "peak memory is measured on GPUs (on a CPU: bench.py --memory)"},
+             "memory": lambda: bench_memory(c, record["cases"]),
              "cuda_graphs": lambda: bench_cuda_graphs(c) if gpu
              else {"skipped": "CUDA graphs need a GPU", "helpful": None}}
     for name, measure in parts.items():
@@ -231,15 +230,10 @@ def bench_epoch(c: Campaign, run_dir: Path) -> dict:
 
 
 def bench_memory(c: Campaign, cases: dict) -> dict:
-    """Peak GPU memory in MB of each case but the compiled one, a process each (bench.py)."""
-    args, peaks = Namespace(batch_size=128, default_allocator=False), {}
-    for case in cases["cases"]:
-        if "compile" not in case:
-            try:
-                peaks[case] = round(bench.peak_memory_mb(case, args, c.device), 1)
-            except Exception as exc:  # a case's process failed: recorded, the others stand
-                peaks[case] = f"{type(exc).__name__}: {exc}"[:500]
-    return peaks
+    """Peak memory in MB of each case (GPU: max allocated; CPU: peak resident set), each
+    timed in a process of its own by bench.py."""
+    return {case: round(r["peak_mb"], 1) for case, r in cases["cases"].items()
+            if "peak_mb" in r}
 
 
 def bench_cuda_graphs(c: Campaign) -> dict:

@@ -20,7 +20,7 @@ def test_bench_runs_every_cpu_case_and_writes_json(tmp_path, capsys):
     assert {"seed-style", "broadcast-style", "capsnet", "capsnet-fp32-gemm",
             "capsnet-bf16-native", "capsnet-fp32-channels_last"} <= set(cases)
     assert bench.main(["--device", "cpu", "--batch-size", "2", "--warmup", "0", "--repeats", "1",
-                       "--cases", ",".join(cases), "--json", str(out), "--memory"]) == 0
+                       "--cases", ",".join(cases), "--json", str(out)]) == 0
     record = json.loads(out.read_text())
     assert set(record["cases"]) == set(cases) and "CPU" in record["device"]
     for result in record["cases"].values():

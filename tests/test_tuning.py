@@ -76,6 +76,32 @@ def test_fastest_implementation_of_each_layer_and_precision_wins(bf16_cpu):
     assert [c[0] for c in measure.calls] == ["conv1", "primary_caps.conv"] * 2
 
 
+class FakeTimingsInContext(FakeTimings):
+    """Also whole-step timings: (layer, impl) -> seconds, recording the choices given."""
+
+    def __init__(self, table: dict, steps: dict):
+        super().__init__(table)
+        self.steps, self.contexts = steps, []
+
+    def in_context(self, name, impls, precision, choices):
+        self.contexts.append((name, precision, dict(choices)))
+        return {impl: self.steps[(name, impl)] for impl in impls}
+
+
+def test_cheaper_layers_are_chosen_again_inside_whole_steps(bf16_cpu):
+    """Alone, conv1 is fastest as channels_last; inside whole steps gemm wins: the plan
+    takes gemm. The dominant layer (PrimaryCaps) keeps its own measurement."""
+    steps = {("conv1", "gemm"): 0.40, ("conv1", "native"): 0.43, ("conv1", "channels_last"): 0.44}
+    measure = FakeTimingsInContext(FAST_BF16, steps)
+    plan = choose_plan(CapsNet(TINY), CPU, 128, measure=measure)
+    assert measure.contexts == [("conv1", "bf16", {"conv1": "channels_last",
+                                                   "primary_caps.conv": "native"})]
+    assert plan.conv_impls == {"conv1": "gemm", "primary_caps.conv": "native"}
+    assert plan.context_timings == {"conv1": {"gemm": 0.40, "native": 0.43,
+                                              "channels_last": 0.44}}
+    assert "conv1 in whole steps" in plan.describe()
+
+
 def test_bf16_only_when_measurably_faster(bf16_cpu):
     table = dict(FAST_BF16)
     for (layer, impl, p) in list(table):

@@ -22,11 +22,12 @@ from torch import nn
 
 from capsnet.config import config_to_dict
 from capsnet.layers.gemm_conv import CONV_IMPLS, GemmConv2d
+from capsnet.losses import model_loss
 from capsnet.models.precision import PRECISIONS, autocast_to, precision_name
 from capsnet.tuning import cache
 from capsnet.tuning.hardware import machine_description, native_bf16
 
-PLAN_FORMAT = 1  # bump when the measurement changes: older cache entries are measured again
+PLAN_FORMAT = 2  # bump when the measurement changes: older cache entries are measured again
 AUTO = "auto"
 MODES = ("train", "infer")
 # Inference is tuned at one batch size, so that every batch (one image or a thousand) runs
@@ -54,6 +55,9 @@ class SpeedPlan:
     precision: str
     conv_impls: dict[str, str]
     timings: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    # whole-step seconds of the chosen precision's cheaper layers' candidates, the other
+    # layers fixed (layer -> implementation -> seconds): the choice in context
+    context_timings: dict[str, dict[str, float]] = field(default_factory=dict)
     measure_seconds: float = 0.0
     source: str = "given"
     machine: dict = field(default_factory=dict)
@@ -73,6 +77,9 @@ class SpeedPlan:
                "checkpoint": "kept from the resumed run",
                "given": "as given"}[self.source]
         line = f"precision {self.precision}; convolutions: {convs or 'none'} ({how})"
+        for name, times in self.context_timings.items():
+            line += f"; {name} in whole steps: " + ", ".join(
+                f"{impl} {1000 * s:.0f} ms" for impl, s in times.items())
         totals = self.precision_totals()
         if len(totals) > 1:
             line += "; fastest convolutions per step: " + ", ".join(
@@ -171,7 +178,8 @@ def _impl_candidates(conv: GemmConv2d, conv_impl: str, device: torch.device) -> 
 def _measure_plan(model: nn.Module, layers, options: dict[str, list[str]],
                   precisions: list[str], machine: dict, measure: Measure) -> SpeedPlan:
     """Greedy, layer by layer in forward order (a layer's input layout is what the layer
-    before it chose), for each precision; then the precision whose best is fastest."""
+    before it chose), for each precision; then the precision whose best is fastest; then,
+    when ``measure`` can time whole steps, the cheaper layers again in context."""
     start = time.perf_counter()
     before = {name: conv.impl for name, conv in layers}
     timings: dict[str, dict[str, dict[str, float]]] = {}
@@ -183,15 +191,35 @@ def _measure_plan(model: nn.Module, layers, options: dict[str, list[str]],
                 timings[p][name] = measure(name, tuple(options[name]), p)
                 chosen[p][name] = min(timings[p][name], key=timings[p][name].get)
                 conv.set_impl(chosen[p][name])
+        plan = SpeedPlan(precisions[0], chosen[precisions[0]], timings, source="measured",
+                         machine=machine)
+        totals = plan.precision_totals()
+        if "bf16" in totals and totals["bf16"] <= BF16_MAX_TIME_RATIO * totals.get("fp32",
+                                                                                    math.inf):
+            plan.precision, plan.conv_impls = "bf16", chosen["bf16"]
+        if hasattr(measure, "in_context"):
+            _refine_in_context(plan, options, measure)
     finally:
         for name, conv in layers:
             conv.set_impl(before[name])
-    plan = SpeedPlan(precisions[0], chosen[precisions[0]], timings,
-                     time.perf_counter() - start, "measured", machine)
-    totals = plan.precision_totals()
-    if "bf16" in totals and totals["bf16"] <= BF16_MAX_TIME_RATIO * totals.get("fp32", math.inf):
-        plan.precision, plan.conv_impls = "bf16", chosen["bf16"]
+    plan.measure_seconds = time.perf_counter() - start
     return plan
+
+
+def _refine_in_context(plan: SpeedPlan, options: dict[str, list[str]], measure) -> None:
+    """A layer's cost alone is not its cost in the model: its output layout and its
+    gradient meet the next layer's. The layers other than the most expensive one (whose
+    own time dominates), cheapest first, are chosen again by timing whole training steps
+    (or forward passes) of the model with each candidate, the other layers as chosen."""
+    best_alone = {name: min(times.values())
+                  for name, times in plan.timings[plan.precision].items()}
+    dominant = max(best_alone, key=best_alone.get)
+    for name in sorted(best_alone, key=best_alone.get):
+        if name == dominant or len(options[name]) < 2:
+            continue
+        times = measure.in_context(name, tuple(options[name]), plan.precision, plan.conv_impls)
+        plan.context_timings[name] = times
+        plan.conv_impls = {**plan.conv_impls, name: min(times, key=times.get)}
 
 
 class ConvTimer:
@@ -210,6 +238,50 @@ class ConvTimer:
         fns = [self._run(_with_impl(conv, impl), x, precision) for impl in impls]
         seconds = interleaved_medians(fns, self.device)
         return dict(zip(impls, seconds, strict=False))
+
+    def in_context(self, name: str, impls: tuple[str, ...], precision: str,
+                   choices: dict[str, str]) -> dict[str, float]:
+        """Whole steps of the model (forward and backward of the loss, or forward alone)
+        at the real batch, with layer ``name`` as each of ``impls`` and the others as
+        ``choices``, in turns. The model is left as it was."""
+        model, layers = self.model, self.layers
+        before = ({n: conv.impl for n, conv in layers.items()}, model.compute_dtype,
+                  model.training)
+        x, y = self._batch()
+        try:
+            for n, impl in choices.items():
+                layers[n].set_impl(impl)
+            model.compute_dtype = PRECISIONS[precision]
+            model.train(self.mode == "train")
+            fns = [self._step(layers[name], impl, x, y) for impl in impls]
+            return dict(zip(impls, interleaved_medians(fns, self.device), strict=True))
+        finally:
+            impls_before, model.compute_dtype, training = before
+            for n, impl in impls_before.items():
+                layers[n].set_impl(impl)
+            model.train(training)
+            model.zero_grad(set_to_none=True)
+
+    def _batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random images (B, C, H, W) and labels (B,), from a generator of their own."""
+        cfg = self.model.config
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        x = torch.rand(self.batch, cfg.in_channels, cfg.image_size, cfg.image_size,
+                       device=self.device, generator=generator)
+        y = torch.randint(0, cfg.num_classes, (self.batch,), device=self.device,
+                          generator=generator)
+        return x, y
+
+    def _step(self, conv: GemmConv2d, impl: str, x: torch.Tensor, y: torch.Tensor):
+        def step():
+            conv.set_impl(impl)
+            if self.mode == "train":
+                model_loss(self.model(x, y), x, y).backward()
+                self.model.zero_grad(set_to_none=True)
+            else:
+                with torch.no_grad():
+                    self.model(x)
+        return step
 
     def _input(self, name: str, conv: GemmConv2d, precision: str) -> torch.Tensor:
         C, H, W = self.input_shapes[name]
