@@ -98,8 +98,19 @@ class _RowGemmConv2d(torch.autograd.Function):
         # place on it) and its (B*Gh*Gw, O) matrix is the same memory.
         result = torch.empty((B, O, *grid), dtype=x.dtype, device=x.device,
                              memory_format=torch.channels_last)  # (B, O, Gh, Gw)
-        accumulate = _accumulator_dtype(x.dtype)
         out = result.permute(0, 2, 3, 1).view(positions, O)  # (B*Gh*Gw, O)
+        ctx.stride, ctx.grid, ctx.has_bias = stride, grid, bias is not None
+        if x.dtype == torch.bfloat16 and ctx.needs_input_grad[1]:
+            # Training in bf16: the whole im2col matrix (half the bytes of float32) in one
+            # product, accumulated in float32 inside the GEMM, and kept for the weight gradient.
+            cols = _patches(x_cl, (0, Kh), (Kh, Kw), stride, grid,
+                            x.new_empty(positions, Kh * Kw * C))  # (B*Gh*Gw, Kh*Kw*C)
+            torch.mm(cols, w_rows.t(), out=out)  # (B*Gh*Gw, O)
+            if bias is not None:
+                out += bias
+            ctx.save_for_backward(x_cl, weight, cols)
+            return result  # (B, O, Gh, Gw), channels-last
+        accumulate = _accumulator_dtype(x.dtype)
         if accumulate != x.dtype:  # bf16 products, summed over the kernel rows in float32
             out = x.new_empty(positions, O, dtype=accumulate)
         if bias is None:
@@ -118,13 +129,12 @@ class _RowGemmConv2d(torch.autograd.Function):
         if accumulate != x.dtype:
             result.permute(0, 2, 3, 1).view(positions, O).copy_(out)
         ctx.save_for_backward(x_cl, weight)
-        ctx.stride, ctx.grid, ctx.has_bias = stride, grid, bias is not None
         return result  # (B, O, Gh, Gw), channels-last
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        x_cl, weight = ctx.saved_tensors
+        x_cl, weight, *kept = ctx.saved_tensors  # kept: the bf16 im2col matrix, if any
         stride, grid = ctx.stride, ctx.grid
         B, H, W, C = x_cl.shape
         O, _, Kh, Kw = weight.shape
@@ -144,7 +154,8 @@ class _RowGemmConv2d(torch.autograd.Function):
         for first, end in chunks:
             cols = slice(first * Kw * C, end * Kw * C)
             if need_w:
-                patches = _patches(x_cl, (first, end), (Kh, Kw), stride, grid, buffer)
+                patches = (kept[0][:, cols] if kept else
+                           _patches(x_cl, (first, end), (Kh, Kw), stride, grid, buffer))
                 grad_w_rows[:, cols] = grad.t() @ patches  # (O, n*Kw*C)
             if not need_x:
                 continue
