@@ -1,7 +1,10 @@
 """Shared fixtures: real MNIST files when present, tiny fake IDX datasets, a small trained model."""
 from __future__ import annotations
 
+import functools
+import http.server
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -80,3 +83,37 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+LOOPBACK = "127.0.0.1"
+SERVER_POLL_S = 0.01  # how fast the test server notices shutdown
+
+
+@pytest.fixture
+def loopback_only(tmp_path, monkeypatch):
+    """Own cache and no data dir; never route loopback through a proxy."""
+    monkeypatch.delenv("CAPSNET_DATA_DIR", raising=False)
+    monkeypatch.setenv("CAPSNET_CACHE_DIR", str(tmp_path / "cache"))
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("no_proxy", "*")
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http_root(tmp_path):
+    """A directory served over HTTP on the loopback address; yields (root dir, base URL)."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer((LOOPBACK, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, args=(SERVER_POLL_S,), daemon=True)
+    thread.start()
+    yield root, f"http://{LOOPBACK}:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join()

@@ -1,12 +1,9 @@
 """CIFAR-10 binary batches and SVHN .mat files: reading, validation, lookup, loopback download."""
 
-import functools
 import hashlib
-import http.server
 import io
 import sys
 import tarfile
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -28,42 +25,12 @@ from capsnet.data.sources import RemoteFile
 
 scipy_io = pytest.importorskip("scipy.io")
 
-LOOPBACK = "127.0.0.1"
-SERVER_POLL_S = 0.01
+pytestmark = pytest.mark.usefixtures("loopback_only")  # own cache, no data dir, no proxy
+
 RECORDS_PER_BATCH = 3
 SVHN_SIZES = {"train": 5, "test": 4}
 NUM_CLASSES = 10
 EVIL = b"evil"
-
-
-@pytest.fixture(autouse=True)
-def isolated_env(tmp_path, monkeypatch):
-    """Own cache and no data dir; never route loopback through a proxy."""
-    monkeypatch.delenv("CAPSNET_DATA_DIR", raising=False)
-    monkeypatch.setenv("CAPSNET_CACHE_DIR", str(tmp_path / "cache"))
-    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("no_proxy", "*")
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def http_root(tmp_path):
-    """A directory served over HTTP on the loopback address; yields (root dir, base URL)."""
-    root = tmp_path / "www"
-    root.mkdir()
-    handler = functools.partial(QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer((LOOPBACK, 0), handler)
-    thread = threading.Thread(target=server.serve_forever, args=(SERVER_POLL_S,), daemon=True)
-    thread.start()
-    yield root, f"http://{LOOPBACK}:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join()
 
 
 def md5(path: Path) -> str:

@@ -1,11 +1,8 @@
 """Dataset lookup, verified download from a loopback HTTP server, and split loading."""
 
-import functools
 import gzip
-import http.server
 import os
 import shutil
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +24,10 @@ from capsnet.data import (
     write_idx,
 )
 from capsnet.data.sources import FILE_KEYS
+from tests.conftest import LOOPBACK
 
-LOOPBACK = "127.0.0.1"
-SERVER_POLL_S = 0.01  # how fast the test server notices shutdown
+pytestmark = pytest.mark.usefixtures("loopback_only")  # own cache, no data dir, no proxy
+
 NUM_CLASSES = 10
 IMAGE_SIZE = 4
 PIXEL_LEVELS = 256
@@ -38,16 +36,6 @@ SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
 MNIST_DIR = Path(os.environ.get("CAPSNET_TEST_MNIST_DIR", SHARED_MNIST))
 FASHION_DIR = Path(DATASETS["fashion-mnist"].system_dirs[0])
 MNIST_FILES = DATASETS["mnist"].file_names()
-
-
-@pytest.fixture(autouse=True)
-def isolated_env(tmp_path, monkeypatch):
-    """Never touch the user's real cache or data dir; never route loopback through a proxy."""
-    monkeypatch.delenv("CAPSNET_DATA_DIR", raising=False)
-    monkeypatch.setenv("CAPSNET_CACHE_DIR", str(tmp_path / "cache"))
-    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("no_proxy", "*")
 
 
 def write_fake_dataset(directory: Path, gz: bool = True, seed: int = 0) -> dict[str, str]:
@@ -73,26 +61,6 @@ def fake_spec(md5s: dict[str, str], mirrors: tuple[str, ...] = ()) -> DatasetSpe
     files = {key: (name, md5s[name]) for key, (name, _) in mnist.files.items()}
     return DatasetSpec(name="tiny", files=files, mirrors=mirrors, system_dirs=(),
                        classes=mnist.classes)
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def http_root(tmp_path):
-    """A directory served over HTTP on the loopback address; yields (root dir, base URL)."""
-    root = tmp_path / "www"
-    root.mkdir()
-    handler = functools.partial(QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer((LOOPBACK, 0), handler)
-    thread = threading.Thread(target=server.serve_forever, args=(SERVER_POLL_S,), daemon=True)
-    thread.start()
-    yield root, f"http://{LOOPBACK}:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join()
 
 
 # ---- default_cache_dir ----------------------------------------------------------------

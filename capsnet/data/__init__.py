@@ -4,12 +4,11 @@ download) and tensor datasets."""
 from capsnet.data.cifar import load_cifar10
 from capsnet.data.datasets import DATASET_NAMES, ImageDataset, load_dataset, load_split
 from capsnet.data.folder import FolderDatasetError, format_skipped_warning, load_folder_dataset
-from capsnet.data.idx import IDXError, read_idx, write_idx
+from capsnet.data.idx import DatasetFileError, IDXError, read_idx, write_idx
 from capsnet.data.sources import (
     DATASETS,
     ChecksumError,
     DataNotFoundError,
-    DatasetFileError,
     DatasetSpec,
     default_cache_dir,
     download_dataset,

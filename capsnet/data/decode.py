@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from capsnet.data.idx import DatasetFileError
 from capsnet.data.image_dataset import PIXEL_MAX
 
 # Extensions of the formats read (PNG, JPEG, BMP, GIF, TIFF, WebP), compared lower-case.
@@ -37,17 +38,8 @@ RESAMPLE = Image.Resampling.BILINEAR  # antialiased when shrinking
 GREY, RGB = 1, 3  # channel counts
 
 
-class BadImageError(ValueError):
+class BadImageError(DatasetFileError):
     """An image file that cannot be read or decoded; the message starts with the path."""
-
-    def __init__(self, path: str | os.PathLike, reason: str):
-        super().__init__(f"{os.fspath(path)}: {reason}")
-        self.path = os.fspath(path)
-        self.reason = reason
-
-    def __reduce__(self):
-        """Pickle by the constructor's arguments (exceptions cross process boundaries)."""
-        return type(self), (self.path, self.reason)
 
 
 def is_image_file(path: Path) -> bool:

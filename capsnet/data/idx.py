@@ -46,8 +46,9 @@ DTYPE_CODES: dict[np.dtype, int] = {dt.newbyteorder("="): code for code, dt in T
 GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error, OSError)
 
 
-class IDXError(ValueError):
-    """A file that is missing, unreadable or not a valid IDX file; message names the file."""
+class DatasetFileError(ValueError):
+    """A dataset file that is missing, unreadable, malformed or does not match; the one-line
+    message starts with the path. Every reader's file errors are of this kind."""
 
     def __init__(self, path: PathLike, reason: str):
         super().__init__(f"{os.fspath(path)}: {reason}")
@@ -57,6 +58,10 @@ class IDXError(ValueError):
     def __reduce__(self):
         """Pickle by the constructor's arguments (exceptions cross process boundaries)."""
         return type(self), (self.path, self.reason)
+
+
+class IDXError(DatasetFileError):
+    """A file that is missing, unreadable or not a valid IDX file; message names the file."""
 
 
 def is_gzip(path: PathLike) -> bool:

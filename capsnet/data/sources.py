@@ -105,20 +105,6 @@ class ChecksumError(ValueError):
     """A file's content does not have the expected MD5."""
 
 
-class DatasetFileError(ValueError):
-    """A dataset file that is malformed or does not match; the one-line message starts
-    with the path."""
-
-    def __init__(self, path: str | os.PathLike, reason: str):
-        super().__init__(f"{os.fspath(path)}: {reason}")
-        self.path = os.fspath(path)
-        self.reason = reason
-
-    def __reduce__(self):
-        """Pickle by the constructor's arguments (exceptions cross process boundaries)."""
-        return type(self), (self.path, self.reason)
-
-
 def get_spec(name_or_spec: str | DatasetSpec) -> DatasetSpec:
     """The DatasetSpec for a known name (case-insensitive), or the spec itself."""
     if isinstance(name_or_spec, DatasetSpec):

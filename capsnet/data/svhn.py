@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from capsnet.data.idx import DatasetFileError
 from capsnet.data.image_dataset import ImageDataset
 from capsnet.data.sources import (
     DOWNLOAD_TIMEOUT_S,
-    DatasetFileError,
     ProgressFn,
     RemoteFile,
     download_file,
