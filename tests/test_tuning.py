@@ -189,11 +189,14 @@ def test_measuring_leaves_the_model_and_the_random_state_as_they_were():
     assert "precision" in plan.describe()
 
 
-def test_the_cnn_is_tuned_too():
+def test_the_cnn_is_tuned_too_and_its_dropout_leaves_the_random_state_alone():
     cnn = build_model(make_config("cnn", "small"))
     assert [name for name, _ in conv_layers(cnn)] == ["features.0", "features.2", "features.4"]
+    rng = torch.get_rng_state()
     plan = choose_plan(cnn, CPU, 8, precision="fp32", use_cache=False)
+    assert torch.equal(torch.get_rng_state(), rng)  # whole steps ran dropout, on a forked RNG
     assert set(plan.conv_impls) == {"features.0", "features.2", "features.4"}
+    assert plan.context_timings  # the cheaper layers were timed inside whole steps
 
 
 def test_bf16_plan_keeps_routing_squash_and_outputs_in_float32(monkeypatch):

@@ -248,13 +248,17 @@ class ConvTimer:
         before = ({n: conv.impl for n, conv in layers.items()}, model.compute_dtype,
                   model.training)
         x, y = self._batch()
+        cuda = [self.device] if self.device.type == "cuda" else []
+        # fork_rng: dropout in these steps must not move the run's random state
         try:
             for n, impl in choices.items():
                 layers[n].set_impl(impl)
             model.compute_dtype = PRECISIONS[precision]
             model.train(self.mode == "train")
             fns = [self._step(layers[name], impl, x, y) for impl in impls]
-            return dict(zip(impls, interleaved_medians(fns, self.device), strict=True))
+            with torch.random.fork_rng(devices=cuda):
+                seconds = interleaved_medians(fns, self.device)
+            return dict(zip(impls, seconds, strict=True))
         finally:
             impls_before, model.compute_dtype, training = before
             for n, impl in impls_before.items():
