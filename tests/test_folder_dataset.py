@@ -30,6 +30,11 @@ def grey_value(label: int, index: int) -> int:
     return 10 * label + index + 1
 
 
+def listed_position(train, index: int) -> int:
+    """Where the training pool holds the image at ``index`` of the folder's listing."""
+    return int(torch.nonzero(folder_module.training_order(len(train)) == index))
+
+
 def write_image(path: Path, array: np.ndarray, **save_kwargs) -> Path:
     """Save a uint8 (H, W) or (H, W, C) array as an image file; the format from the suffix."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,10 +83,12 @@ def test_train_and_test_folders_classes_sorted(tmp_path):
     assert isinstance(train, ImageDataset) and train.name == "folder"
     assert train.images.shape == (3 * PER_CLASS, 1, *SIZE) and train.images.dtype == torch.uint8
     assert train.channels == 1 and train.image_size == SIZE
-    assert train.labels.tolist() == [0] * PER_CLASS + [1] * PER_CLASS + [2] * PER_CLASS
+    listed = torch.empty_like(train.labels)  # the labels in the folder's listing order
+    listed[folder_module.training_order(len(train))] = train.labels
+    assert listed.tolist() == [0] * PER_CLASS + [1] * PER_CLASS + [2] * PER_CLASS
     assert test.labels.tolist() == [0, 0, 2, 2]
     # make_split wrote class "b" (label 1 now) with value grey_value(0, i): sorted order wins
-    assert train.images[PER_CLASS, 0, 0, 0] == grey_value(0, 0)
+    assert train.images[listed_position(train, PER_CLASS), 0, 0, 0] == grey_value(0, 0)
     assert "test_split" not in train.info and train.info["skipped"] == {}
     assert train.info["root"] == str(root.resolve()) and train.info["image_size"] == list(SIZE)
 
@@ -116,10 +123,11 @@ def test_colour_detection_and_forcing(tmp_path):
     train, _ = load(colour)
     assert train.channels == 3 and train.images.shape[1:] == (3, *SIZE)
     first = np.asarray(Image.open(colour / "train" / "x" / "00.png"))  # (H, W, 3)
-    assert np.array_equal(train.images[0].permute(1, 2, 0).numpy(), first)
+    at = listed_position(train, 0)  # where the folder's first image is held
+    assert np.array_equal(train.images[at].permute(1, 2, 0).numpy(), first)
     grey_forced, _ = load(colour, channels=1)
     luma = np.asarray(Image.open(colour / "train" / "x" / "00.png").convert("L"))
-    assert grey_forced.channels == 1 and np.array_equal(grey_forced.images[0, 0].numpy(), luma)
+    assert grey_forced.channels == 1 and np.array_equal(grey_forced.images[at, 0].numpy(), luma)
 
     grey = tmp_path / "grey"
     make_split(grey, "train", ["x", "y"])
@@ -409,3 +417,19 @@ def test_tiny_split_keeps_a_training_image(tmp_path):
     make_split(root, "train", ["a", "b"], per_class=1)
     train, test = load(root, test_fraction=0.9)
     assert len(train) == 1 and len(test) == 1
+
+
+def test_the_training_pool_is_shuffled_so_that_a_subset_mixes_classes(tmp_path):
+    """Folders list images class by class; the training pool comes back in a seeded mixed
+    order (the same every time), so --subset N does not take the first classes only."""
+    root = tmp_path / "data"
+    for k, name in enumerate(["a", "b", "c", "d"]):
+        for i in range(10):
+            write_image(root / "train" / name / f"{i}.png", np.full((8, 8), 40 * k, np.uint8))
+    train, _ = load_folder_dataset(root, test_fraction=0.25, cache_dir=tmp_path / "cache",
+                                   progress=False)
+    first = train.labels[:8].tolist()
+    assert len(set(first)) >= 3  # not one or two classes
+    again, _ = load_folder_dataset(root, test_fraction=0.25, cache_dir=tmp_path / "other",
+                                   progress=False)
+    assert torch.equal(again.labels, train.labels) and torch.equal(again.images, train.images)

@@ -36,6 +36,7 @@ NAME = "folder"
 TRAIN_DIR, TEST_DIR = "train", "test"
 CACHE_SUBDIR = "folders"
 DEFAULT_TEST_FRACTION = 0.1
+TRAIN_ORDER_SEED = 0  # the training pool's shuffled order is the same for every run
 MIN_CLASSES = 2
 CHANNEL_CHOICES = (1, 3)
 PROGRESS_MIN_FILES = 500  # fewer files decode too fast for a progress bar to help
@@ -204,6 +205,12 @@ def _check_classes_left(layout: FolderLayout, labels: list[int], skipped: dict[s
                                      f"({count} skipped as unreadable)")
 
 
+def training_order(n: int) -> torch.Tensor:
+    """The seeded order (n,) in which a folder's n training images are held: entry k is the
+    position, in the folder's class-by-class listing, of the k-th image."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(TRAIN_ORDER_SEED))
+
+
 def _build(layout: FolderLayout, image_size: int | None, channels: int | None,
            test_fraction: float, seed: int, skip_bad: bool,
            progress: bool) -> tuple[ImageDataset, ImageDataset]:
@@ -237,6 +244,10 @@ def _build(layout: FolderLayout, image_size: int | None, channels: int | None,
         all_images = torch.from_numpy(images)
         train_images, train_labels = all_images[train_index], labels[train_index]
         test_images, test_labels = all_images[test_index], labels[test_index]
+    # Folders list their images class by class; the training pool is held in a seeded
+    # shuffled order, as in MNIST's files, so that its first N images (--subset) mix classes.
+    order = training_order(len(train_labels))  # (N,)
+    train_images, train_labels = train_images[order], train_labels[order]
     return (ImageDataset(train_images, train_labels, layout.classes, NAME, copy.deepcopy(info)),
             ImageDataset(test_images, test_labels, layout.classes, NAME, copy.deepcopy(info)))
 
