@@ -1,6 +1,7 @@
 """Image-folder datasets: layout, split, channels, sizes, bad input, the decode cache."""
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -408,7 +409,10 @@ def test_progress_bar_while_decoding_many_files(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(folder_module, "PROGRESS_MIN_FILES", 1)
     load(root, progress=False)
     assert "decoding" not in capsys.readouterr().err
-    load(root, progress=True, image_size=3)  # other options: not cached yet
+    load(root, progress=True, image_size=4)  # stderr not a terminal (a log): no bar
+    assert "decoding" not in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    load(root, progress=True, image_size=3)  # on a terminal; other options: not cached yet
     assert "decoding data" in capsys.readouterr().err
 
 

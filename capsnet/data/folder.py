@@ -158,7 +158,9 @@ def _decode_all(layout: FolderLayout, image_size: int | None, channels: int | No
     skipped: dict[str, str] = {}
     first: tuple[Path, tuple[int, int]] | None = None
     show = progress and len(files) > PROGRESS_MIN_FILES
-    for path in tqdm(files, desc=f"decoding {layout.root.name}", unit="img", disable=not show):
+    # disable=None: no bar when stderr is not a terminal (logs, pipes)
+    for path in tqdm(files, desc=f"decoding {layout.root.name}", unit="img",
+                     disable=None if show else True):
         try:
             array = decode_image_file(path, size, channels)  # (C, H, W)
         except BadImageError as err:
@@ -206,8 +208,8 @@ def _check_classes_left(layout: FolderLayout, labels: list[int], skipped: dict[s
 
 
 def training_order(n: int) -> torch.Tensor:
-    """The seeded order (n,) in which a folder's n training images are held: entry k is the
-    position, in the folder's class-by-class listing, of the k-th image."""
+    """The seeded order (n,) in which a folder's n images of a split are held: entry k is
+    the position, in the split's class-by-class listing, of the k-th image."""
     return torch.randperm(n, generator=torch.Generator().manual_seed(TRAIN_ORDER_SEED))
 
 
@@ -232,20 +234,23 @@ def _build(layout: FolderLayout, image_size: int | None, channels: int | None,
                             "skipped": skipped}
     labels = torch.tensor([y for _, y, _ in train], dtype=torch.long)  # (N_train,)
     if has_test:
-        test_images = torch.from_numpy(images[len(train):])  # (N_test, C, H, W)
-        test_labels = torch.tensor([y for _, y, _ in test], dtype=torch.long)
+        order = training_order(len(test))  # mixed classes: a test set's first images vary
+        test_images = torch.from_numpy(images[len(train):])[order]  # (N_test, C, H, W)
+        test_labels = torch.tensor([y for _, y, _ in test], dtype=torch.long)[order]
         train_images = torch.from_numpy(images[:len(train)])  # (N_train, C, H, W)
         train_labels = labels
     else:
         test_size = min(max(1, round(test_fraction * len(train))), len(train) - 1)
         train_index, test_index = stratified_split(labels, test_size, seed)
+        test_index = test_index[training_order(len(test_index))]  # mixed classes
         info["test_split"] = {"seed": seed, "fraction": test_fraction,
                               "files": [layout.relative(train[i][0]) for i in test_index.tolist()]}
         all_images = torch.from_numpy(images)
         train_images, train_labels = all_images[train_index], labels[train_index]
         test_images, test_labels = all_images[test_index], labels[test_index]
-    # Folders list their images class by class; the training pool is held in a seeded
-    # shuffled order, as in MNIST's files, so that its first N images (--subset) mix classes.
+    # Folders list their images class by class; both splits are held in a seeded shuffled
+    # order, as in MNIST's files, so that the first N images (--subset, the figures' first
+    # test images) mix classes.
     order = training_order(len(train_labels))  # (N,)
     train_images, train_labels = train_images[order], train_labels[order]
     return (ImageDataset(train_images, train_labels, layout.classes, NAME, copy.deepcopy(info)),

@@ -25,7 +25,7 @@ import torch
 
 from capsnet.data.image_dataset import ImageDataset
 
-CACHE_VERSION = 2  # bump when the arrays for the same files and options differ (2: shuffled)
+CACHE_VERSION = 3  # bump when the arrays for the same files and options differ (3: shuffled)
 HASH_CHARS = 24
 SUFFIX = ".npz"
 SPLITS = ("train", "test")
