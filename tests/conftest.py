@@ -117,3 +117,13 @@ def http_root(tmp_path):
     server.shutdown()
     server.server_close()
     thread.join()
+
+
+def last_error_line(capsys) -> str:
+    """The one error line a failed command ends its stderr with (a speed-plan note or a
+    warning may precede it), with no traceback."""
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    last = err.splitlines()[-1]
+    assert last.startswith("capsnet: error: ")
+    return last

@@ -20,6 +20,7 @@ from capsnet.data.model_view import fit_to_model, load_test_set
 from capsnet.export import read_description
 from capsnet.inference import predict
 from capsnet.loading import load_checkpoint, load_model, weights_info
+from tests.conftest import last_error_line
 
 # torch 2.13 marks torch.jit.load deprecated; TorchScript export is still asked for.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
@@ -65,15 +66,6 @@ def train_folder(data: Path, out: Path, *extra: str) -> list[str]:
     return ["train", "--dataset", "folder", "--data-dir", str(data), "--preset", "small",
             "--epochs", "1", "--batch-size", "10", "--val-size", "5", "--no-progress",
             "--out-dir", str(out), *FAST, *extra]
-
-
-def error_line(capsys) -> str:
-    """The one line a failed command prints to stderr."""
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err
-    last = err.splitlines()[-1]
-    assert last.startswith("capsnet: error: ")
-    return last
 
 
 def is_colour_png(path: Path) -> bool:
@@ -237,13 +229,13 @@ def test_evaluate_defaults_to_the_models_own_folder(rgb_run, rgb_data, capsys):
 
 def test_evaluate_a_folder_model_without_its_folder_says_so(rgb_run, capsys):
     assert main(["evaluate", str(rgb_run / "best.pt"), *FAST]) == 1
-    assert "needs its root folder" in error_line(capsys)
+    assert "needs its root folder" in last_error_line(capsys)
 
 
 def test_evaluate_on_other_classes_is_refused(rgb_run, tmp_path, capsys):
     other = make_folder(tmp_path / "other", ["a", "b", "c", "d", "e"], per_class=2)
     assert main(["evaluate", str(rgb_run / "best.pt"), "--data-dir", str(other), *FAST]) == 1
-    assert "are not the model's (cat, dog, frog, horse, ship)" in error_line(capsys)
+    assert "are not the model's (cat, dog, frog, horse, ship)" in last_error_line(capsys)
 
 
 def test_reconstruct_manipulate_routing_draw_in_colour(rgb_run, rgb_data, tmp_path, capsys):
@@ -271,7 +263,7 @@ def test_manipulate_names_classes_and_refuses_unknown_ones(rgb_run, rgb_data, ca
     assert "wrote manipulation.png: classes cat (0), frog (2), 16 dimensions" in \
         capsys.readouterr().out
     assert main(["manipulate", "--checkpoint", ckpt, "--classes", "zebra", *data]) == 1
-    assert "no class 'zebra'" in error_line(capsys)
+    assert "no class 'zebra'" in last_error_line(capsys)
 
 
 def test_robustness_of_a_colour_model(rgb_run, rgb_data, tmp_path, capsys):
@@ -352,7 +344,7 @@ def test_unreadable_image_is_one_line_and_no_run_directory(tmp_path, capsys):
     bad.write_bytes(b"\x89PNG\r\n\x1a\n not really")
     out = tmp_path / "run"
     assert main(train_folder(data, out)) == 1
-    line = error_line(capsys)
+    line = last_error_line(capsys)
     assert str(bad) in line
     assert not out.exists()
 
@@ -374,7 +366,7 @@ def test_a_failed_start_leaves_an_existing_run_untouched(rgb_run, tmp_path, caps
     """Bad data given with an existing --out-dir: the run's checkpoints are not touched."""
     before = {p.name: p.stat().st_mtime_ns for p in rgb_run.iterdir()}
     assert main(train_folder(tmp_path / "missing", rgb_run)) == 1
-    assert "dataset folder not found" in error_line(capsys)
+    assert "dataset folder not found" in last_error_line(capsys)
     assert {p.name: p.stat().st_mtime_ns for p in rgb_run.iterdir()} == before
 
 
@@ -402,7 +394,7 @@ def test_bad_folders_are_one_line_errors(layout, extra, words, tmp_path, capsys)
             (data / "train" / name / "notes.txt").write_text("no pictures here")
     out = tmp_path / "run"
     assert main(train_folder(data, out, *extra)) == 1
-    line = error_line(capsys)
+    line = last_error_line(capsys)
     assert words in line
     if layout == "empty-class":
         assert str(data / "train" / "empty") in line

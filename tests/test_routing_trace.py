@@ -12,6 +12,7 @@ from capsnet.figures import routing_figure
 from capsnet.models import build_model
 from capsnet.routing_trace import receptive_fields, routing_trace
 from capsnet.training.checkpoint import save_checkpoint
+from tests.conftest import last_error_line
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 
@@ -159,15 +160,6 @@ def test_routing_figure_takes_grey_and_colour_inputs(trace, tmp_path):
 
 # ---- the command ----------------------------------------------------------------------------
 
-def error_line(capsys) -> str:
-    """The one error line a failed command ends with (a speed-plan note may precede it)."""
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err
-    last = err.splitlines()[-1]
-    assert last.startswith("capsnet: error: ")
-    return last
-
-
 def routing_command(checkpoint, *extra: str) -> list[str]:
     return ["routing", "--checkpoint", str(checkpoint), *extra]
 
@@ -204,7 +196,7 @@ def test_cli_routing_errors_are_one_line(extra, words, small_checkpoint, tiny_mn
     monkeypatch.chdir(tmp_path)
     data = ["--data-dir", str(tiny_mnist_dir), "--no-download"]
     assert main(routing_command(small_checkpoint, *extra, *data)) == 1
-    assert words in error_line(capsys)
+    assert words in last_error_line(capsys)
 
 
 def test_cli_routing_needs_a_capsnet(tmp_path, capsys):
@@ -215,4 +207,4 @@ def test_cli_routing_needs_a_capsnet(tmp_path, capsys):
     ImageDraw.Draw(image).line([(30, 5), (30, 55)], fill=255, width=6)
     image.save(own)
     assert main(["routing", "--checkpoint", str(cnn), str(own)]) == 1
-    assert "routing needs a CapsNet" in error_line(capsys)
+    assert "routing needs a CapsNet" in last_error_line(capsys)
