@@ -1,4 +1,10 @@
-"""capsnet: Capsule Networks (Sabour, Frosst & Hinton 2017) in PyTorch."""
+"""capsnet: Capsule Networks (Sabour, Frosst & Hinton 2017) in PyTorch.
+
+The library, bottom-up: ``config`` -> ``layers`` -> ``models`` -> ``tuning`` (speed by
+measurement) -> ``data`` -> ``loading`` -> ``training`` (the one epoch driver) ->
+``experiments``; using a model: ``inference``, ``preprocess``, ``routing_trace``, ``figures``,
+``export``. The applications ``cli`` and ``web`` sit on top. See docs/architecture.md.
+"""
 __version__ = "0.1.0"
 
 from capsnet.config import CapsNetConfig, CNNConfig, make_config  # noqa: E402

@@ -1,4 +1,5 @@
-"""Training and evaluation loops, checkpoints, metrics logs and whole runs."""
+"""Training: one epoch and evaluation (loop), the one epoch driver for every run (runner),
+the paper's recipe (fit), several seeds (repeat), checkpoint writing, settings, DDP, metrics."""
 from capsnet.training.checkpoint import save_checkpoint
 from capsnet.training.fit import fit
 from capsnet.training.loop import (
