@@ -27,7 +27,7 @@ from capsnet.models.precision import PRECISIONS, autocast_to, precision_name
 from capsnet.tuning import cache
 from capsnet.tuning.hardware import machine_description, native_bf16
 
-PLAN_FORMAT = 2  # bump when the measurement changes: older cache entries are measured again
+PLAN_FORMAT = 3  # bump when the measurement changes: older cache entries are measured again
 AUTO = "auto"
 MODES = ("train", "infer")
 # Inference is tuned at one batch size, so that every batch (one image or a thousand) runs
@@ -242,8 +242,10 @@ class ConvTimer:
     def in_context(self, name: str, impls: tuple[str, ...], precision: str,
                    choices: dict[str, str]) -> dict[str, float]:
         """Whole steps of the model (forward and backward of the loss, or forward alone)
-        at the real batch, with layer ``name`` as each of ``impls`` and the others as
-        ``choices``, in turns. The model is left as it was."""
+        with layer ``name`` as each of ``impls`` and the others as ``choices``, in turns, at
+        the largest of the layers' measurement batches (the real batch for CapsNet, whose
+        PrimaryCaps grid is small; a few images for a CNN at full resolution). The model is
+        left as it was."""
         model, layers = self.model, self.layers
         before = ({n: conv.impl for n, conv in layers.items()}, model.compute_dtype,
                   model.training)
@@ -267,14 +269,20 @@ class ConvTimer:
             model.zero_grad(set_to_none=True)
 
     def _batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random images (B, C, H, W) and labels (B,), from a generator of their own."""
+        """Random images (b, C, H, W) and labels (b,), from a generator of their own."""
         cfg = self.model.config
+        b = max(self._layer_batch(name) for name in self.layers)
         generator = torch.Generator(device=self.device).manual_seed(0)
-        x = torch.rand(self.batch, cfg.in_channels, cfg.image_size, cfg.image_size,
+        x = torch.rand(b, cfg.in_channels, cfg.image_size, cfg.image_size,
                        device=self.device, generator=generator)
-        y = torch.randint(0, cfg.num_classes, (self.batch,), device=self.device,
-                          generator=generator)
+        y = torch.randint(0, cfg.num_classes, (b,), device=self.device, generator=generator)
         return x, y
+
+    def _layer_batch(self, name: str) -> int:
+        """Images enough for MEASURE_ROWS output positions of a layer, at most the batch."""
+        C, H, W = self.input_shapes[name]
+        out_positions = math.prod(_conv_output_size(self.layers[name], (H, W)))
+        return max(1, min(self.batch, math.ceil(MEASURE_ROWS / out_positions)))
 
     def _step(self, conv: GemmConv2d, impl: str, x: torch.Tensor, y: torch.Tensor):
         def step():
@@ -289,8 +297,7 @@ class ConvTimer:
 
     def _input(self, name: str, conv: GemmConv2d, precision: str) -> torch.Tensor:
         C, H, W = self.input_shapes[name]
-        out_positions = math.prod(_conv_output_size(conv, (H, W)))
-        batch = max(1, min(self.batch, math.ceil(MEASURE_ROWS / out_positions)))
+        batch = self._layer_batch(name)
         names = list(self.layers)
         first = names.index(name) == 0
         # A generator of its own: measuring must not move the run's random state.
