@@ -154,6 +154,16 @@ def test_paper_cnn_parameter_count():
     assert count_parameters(cnn) == 35_445_522  # "35.4M" in the paper
 
 
+def test_half_cnn_on_the_affnist_canvas_has_about_the_paper_cnn_parameter_count():
+    with torch.device("meta"):
+        full = CNNBaseline(make_config("cnn", image_size=40))
+        half = CNNBaseline(make_config("cnn", "half", image_size=40))
+    # Convs 1*128*25+128 + 128*128*25+128 + 128*64*25+64 = 617,920; FC 64*40*40*328+328 =
+    # 33,587,528; 328*192+192 = 63,168; 192*10+10 = 1,930.
+    assert count_parameters(half) == 34_270_546
+    assert count_parameters(full) == 69_704_466  # FC 128*40*40*328+328 = 67,174,728 of it
+
+
 # --- gradients and extreme inputs ---------------------------------------------------------
 
 def assert_every_parameter_has_a_gradient(model: torch.nn.Module) -> None:

@@ -111,7 +111,9 @@ def add_recipe_args(p: argparse.ArgumentParser, models=("capsnet", "cnn")) -> No
     """Model, data and optimisation options of every training command."""
     p.add_argument("--model", default=models[0], choices=list(models))
     p.add_argument("--preset", default=DEFAULTS.preset, choices=sorted(PRESETS),
-                   help="layer sizes: 'paper', the narrow 'small' for quick CPU runs, or the "
+                   help="layer sizes: 'paper', 'half' (half the paper's channels: the affNIST "
+                        "CNN at about the paper CNN's parameter count), the narrow 'small' "
+                        "for quick CPU runs, or the "
                         "paper's section 7 models 'cifar10' (64 primary types, a "
                         "none-of-the-above routing category, 24x24 crops) and 'svhn'")
     add_data_args(p)
