@@ -226,3 +226,18 @@ def test_version_and_usage(capsys):
     with pytest.raises(SystemExit) as info:
         main(["train", "--model", "transformer"])
     assert info.value.code == 2
+
+
+@pytest.mark.parametrize("words, lr", [
+    (["train"], 1e-3),  # the paper's
+    (["train", "--model", "cnn"], 1e-4),  # the wide CNN baseline dies at 1e-3
+    (["train", "--model", "cnn", "--preset", "small"], 1e-3),
+    (["affnist", "train", "--model", "cnn", "--preset", "half"], 1e-4),
+    (["train", "--model", "cnn", "--lr", "5e-4"], 5e-4),  # given: obeyed
+])
+def test_the_learning_rate_default_follows_the_model(words, lr):
+    from capsnet.cli.args import settings_from_args
+    from capsnet.cli.main import build_parser
+
+    args = build_parser().parse_args(words)
+    assert settings_from_args(args).lr == lr
