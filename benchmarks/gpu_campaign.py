@@ -68,7 +68,7 @@ from capsnet.loading import load_model  # noqa: E402
 from capsnet.training.fit import fit  # noqa: E402
 from capsnet.training.metrics_log import read_metrics  # noqa: E402
 from capsnet.training.repeat import summarise  # noqa: E402
-from capsnet.training.settings import TrainSettings, default_lr  # noqa: E402
+from capsnet.training.settings import TrainSettings  # noqa: E402
 from capsnet.tuning import tune_for_inference  # noqa: E402
 
 STAGES = ("bench", "paper", "cnn", "affnist", "multimnist")
@@ -117,9 +117,7 @@ class Campaign:
         base = {"preset": "paper", "data_dir": self.args.data_dir, "download": False,
                 "epochs": self.args.epochs, "device": self.args.device,
                 "compile": self.args.compile, "progress": False}
-        values = {**base, **(TINY if self.tiny else {}), **values}
-        values.setdefault("lr", default_lr(values.get("model", "capsnet"), values["preset"]))
-        return TrainSettings(**values)
+        return TrainSettings(**{**base, **(TINY if self.tiny else {}), **values})
 
     def has_time(self, budget: Budget, part: str) -> bool:
         return self.tiny or budget.left() >= BENCH_PARTS[part]

@@ -241,3 +241,13 @@ def test_the_learning_rate_default_follows_the_model(words, lr):
 
     args = build_parser().parse_args(words)
     assert settings_from_args(args).lr == lr
+
+
+def test_library_settings_take_the_same_learning_rate_default():
+    from capsnet.training.settings import TrainSettings
+
+    assert TrainSettings().lr == 1e-3
+    assert TrainSettings(model="cnn").lr == 1e-4
+    assert TrainSettings(model="cnn", preset="small").lr == 1e-3
+    stored = TrainSettings(model="cnn", lr=3e-4).to_dict()
+    assert TrainSettings.from_dict(stored).lr == 3e-4  # a run's own rate survives a resume

@@ -19,7 +19,7 @@ from capsnet.layers.gemm_conv import CONV_IMPLS
 from capsnet.loading import CheckpointError, load_model
 from capsnet.models.precision import PRECISIONS
 from capsnet.training.loop import NonFiniteLossError
-from capsnet.training.settings import CNN_LR, TrainSettings, default_lr, resumed_settings
+from capsnet.training.settings import CNN_LR, PAPER_LR, TrainSettings, resumed_settings
 from capsnet.tuning import tune_for_inference
 
 # Errors shown as 'capsnet: error: <message>' with no traceback.
@@ -121,9 +121,9 @@ def add_recipe_args(p: argparse.ArgumentParser, models=("capsnet", "cnn")) -> No
     p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size,
                    help="global batch (split over the processes under torchrun)")
     p.add_argument("--lr", type=float, default=None,
-                   help=f"Adam learning rate (default {DEFAULTS.lr}; {CNN_LR} for the CNN "
+                   help=f"Adam learning rate (default {PAPER_LR}; {CNN_LR} for the CNN "
                         f"baseline of the paper and half presets, which dies at "
-                        f"{DEFAULTS.lr})")
+                        f"{PAPER_LR})")
     p.add_argument("--lr-decay", type=float, default=None,
                    help=f"learning-rate factor applied after each epoch (default "
                         f"{DEFAULTS.lr_decay}; with --resume: the run's own unless given)")
@@ -184,8 +184,6 @@ def settings_from_args(args: argparse.Namespace, **fixed) -> TrainSettings:
     values = {k: v for k, v in vars(args).items()
               if k in TrainSettings.__dataclass_fields__ and v is not None}
     given = TrainSettings(**{**values, **fixed})
-    if "lr" not in values and "lr" not in fixed:
-        given.lr = default_lr(given.model, given.preset)
     if getattr(args, "resume", None):
         also = [name for name in RESUME_OPTIONAL_OVERRIDES if getattr(args, name) is not None]
         return resumed_settings(args.resume, given, also, args.out_dir)

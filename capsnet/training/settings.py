@@ -17,7 +17,7 @@ class TrainSettings:
     download: bool = True
     epochs: int = 10
     batch_size: int = 128
-    lr: float = 1e-3
+    lr: float | None = None  # Adam; None: default_lr(model, preset)
     lr_decay: float = 0.96  # multiplied into the learning rate after each epoch
     routing_iterations: int = 3
     reconstruction_weight: float = 0.0005  # 0 trains CapsNet without its decoder
@@ -42,6 +42,10 @@ class TrainSettings:
     out_dir: str = "runs/latest"
     progress: bool = True
 
+    def __post_init__(self) -> None:
+        if self.lr is None:
+            self.lr = default_lr(self.model, self.preset)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -55,13 +59,14 @@ class TrainSettings:
 # affNIST canvas (102,400 inputs to its first FC layer; the paper-width CNN has 100,352 at
 # 28x28) ended its first epoch at loss 2.303 = ln 10, chance accuracy; at 1e-4 it learns.
 # The 'small' CNN (6,272 inputs) learns at 1e-3.
+PAPER_LR = 1e-3
 CNN_LR = 1e-4
 
 
 def default_lr(model: str, preset: str) -> float:
     """The Adam learning rate of a run that names none: the paper's, but CNN_LR for the
     wide CNN baselines."""
-    return CNN_LR if model == "cnn" and preset != "small" else TrainSettings.lr
+    return CNN_LR if model == "cnn" and preset != "small" else PAPER_LR
 
 
 # Always taken from the command that resumes a run; the rest are the run's own settings.
