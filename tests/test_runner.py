@@ -141,3 +141,22 @@ def test_a_time_limit_stops_before_an_epoch_would_overrun_and_resume_finishes(tm
     done = run_task(scripted(tmp_path, [0.6, 0.4], epochs=3), resume=str(tmp_path),
                     log=lambda _: None)
     assert done["complete"] is True and done["epochs"] == 3 and done["best_epoch"] == 2
+
+
+def test_keep_every_keeps_those_epochs_checkpoints_and_can_be_turned_on_when_resuming(tmp_path):
+    """--keep-every 2 over 5 epochs keeps epochs 2 and 4 beside last.pt and best.pt, each the
+    state of its own epoch (to compare models at a matched validation accuracy later)."""
+    run_task(scripted(tmp_path, [0.3, 0.6, 0.4], keep_every=2), log=lambda _: None)
+    assert sorted(p.name for p in tmp_path.glob("epoch-*.pt")) == ["epoch-002.pt"]
+    kept = load_checkpoint(tmp_path / "epoch-002.pt")
+    assert kept["epoch"] == 2 and kept["metrics"]["val_accuracy"] == 0.6
+    run_task(scripted(tmp_path, [0.5, 0.7], epochs=5, keep_every=1), resume=str(tmp_path),
+             log=lambda _: None)
+    assert sorted(p.name for p in tmp_path.glob("epoch-*.pt")) == [
+        "epoch-002.pt", "epoch-004.pt", "epoch-005.pt"]
+    assert load_checkpoint(tmp_path / "epoch-005.pt")["metrics"]["val_accuracy"] == 0.7
+
+
+def test_keep_every_must_be_positive():
+    with pytest.raises(ValueError, match="keep_every"):
+        TrainSettings(keep_every=0)

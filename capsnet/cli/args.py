@@ -168,6 +168,10 @@ def add_run_args(p: argparse.ArgumentParser, out_dir: str) -> None:
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="stop before an epoch would end after SECONDS (checkpointed: continue "
                         "with --resume), e.g. inside a job's time limit")
+    p.add_argument("--keep-every", type=int, default=None, metavar="N",
+                   help="also keep the checkpoint of every N-th epoch as epoch-NNN.pt in the "
+                        "run directory, e.g. to compare models at a matched validation "
+                        "accuracy later (metrics.csv lists each epoch's)")
     p.set_defaults(default_out_dir=out_dir)
 
 

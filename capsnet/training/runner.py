@@ -175,6 +175,8 @@ def _epochs(task: Task, step_model, model, optimizer, scheduler, plan: SpeedPlan
                 save_checkpoint(run_dir / "last.pt", model, **ckpt)
                 if improved:
                     save_checkpoint(run_dir / "best.pt", model, **ckpt)
+                if settings.keep_every and epoch % settings.keep_every == 0:
+                    save_checkpoint(run_dir / epoch_checkpoint_name(epoch), model, **ckpt)
                 metrics.log(row)
             log(epoch_line(row, improved))
             if state["reached_target"]:
@@ -186,6 +188,11 @@ def _epochs(task: Task, step_model, model, optimizer, scheduler, plan: SpeedPlan
     finally:
         if metrics is not None:
             metrics.close()
+
+
+def epoch_checkpoint_name(epoch: int) -> str:
+    """The file name of an epoch's kept checkpoint (``--keep-every``)."""
+    return f"epoch-{epoch:03d}.pt"
 
 
 def _out_of_time(settings: TrainSettings, start: float, state: dict, epoch: int,

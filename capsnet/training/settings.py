@@ -39,12 +39,16 @@ class TrainSettings:
     test_limit: int | None = None  # affNIST: test on the first N test digits only
     test_pairs: int | None = None  # MultiMNIST: test pairs made from the test digits
     time_limit: float | None = None  # seconds: stop (resumable) before an epoch would overrun
+    keep_every: int | None = None  # also keep every N-th epoch's checkpoint as epoch-NNN.pt
     out_dir: str = "runs/latest"
     progress: bool = True
 
     def __post_init__(self) -> None:
         if self.lr is None:
             self.lr = default_lr(self.model, self.preset)
+        if self.keep_every is not None and self.keep_every < 1:
+            raise ValueError(f"keep_every must be a positive number of epochs, "
+                             f"not {self.keep_every}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -70,7 +74,7 @@ def default_lr(model: str, preset: str) -> float:
 
 
 # Always taken from the command that resumes a run; the rest are the run's own settings.
-RESUME_OVERRIDES = ("epochs", "device", "progress", "time_limit")
+RESUME_OVERRIDES = ("epochs", "device", "progress", "time_limit", "keep_every")
 
 
 def resume_checkpoint(path: str | Path) -> Path:
