@@ -49,13 +49,16 @@ def load_model(source: ModelSource = None, device: Any = "cpu") -> nn.Module:
     return model_from_checkpoint(source, map_location=device)
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
-    """Load and validate a checkpoint dict; raises CheckpointError with a clear message."""
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
+                    mmap: bool = False) -> dict:
+    """Load and validate a checkpoint dict; raises CheckpointError with a clear message.
+    ``mmap`` maps the tensors from the file instead of reading them (cheap when only the
+    metadata is wanted)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
+        payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:  # torch raises many types for corrupt files
         raise CheckpointError(f"{path}: not a readable checkpoint ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else 'corrupt'})") from None

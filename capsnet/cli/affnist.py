@@ -8,11 +8,13 @@ import json
 
 from capsnet.cli.args import (
     add_data_args,
+    add_match_args,
     add_model_args,
     add_recipe_args,
     add_run_args,
     add_target_arg,
     load_cli_model,
+    matched_sources,
     settings_from_args,
 )
 from capsnet.data.datasets import load_split
@@ -47,7 +49,9 @@ def add_parser(subparsers) -> None:
     e = actions.add_parser("evaluate", help="compare checkpoints on placed MNIST and the "
                            "affine set", description=f"Affine set: {AffineRanges().describe()}.")
     e.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
-                   help="checkpoints written by `capsnet affnist train`")
+                   help="checkpoints written by `capsnet affnist train` (run directories "
+                        "with --matched)")
+    add_match_args(e)
     e.add_argument("--labels", nargs="+", default=None, help="names of the models, in order")
     e.add_argument("--seed", type=int, default=TEST_SEED, help="seed of both test sets")
     e.add_argument("--limit", type=int, default=None, help="use the first N test digits only")
@@ -68,8 +72,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    models = named_models(args.checkpoints,
-                          [load_cli_model(args, path) for path in args.checkpoints], args.labels)
+    paths = matched_sources(args, args.checkpoints)
+    models = named_models(paths, [load_cli_model(args, path) for path in paths], args.labels)
     test = load_split(args.dataset, "test", args.data_dir, args.download)
     test = test.to(next(models[0].model.parameters()).device)
     if args.limit is not None:

@@ -175,6 +175,32 @@ def add_run_args(p: argparse.ArgumentParser, out_dir: str) -> None:
     p.set_defaults(default_out_dir=out_dir)
 
 
+def add_match_args(p: argparse.ArgumentParser) -> None:
+    """--matched: the positional arguments are run directories compared at one validation
+    accuracy."""
+    p.add_argument("--matched", action="store_true",
+                   help="the arguments are run directories; each stands for its earliest kept "
+                        "checkpoint (last.pt, best.pt, epoch-NNN.pt from --keep-every) whose "
+                        "validation accuracy reaches the highest level every run reached, so "
+                        "the models are compared at the same validation accuracy")
+    p.add_argument("--match-accuracy", type=float, default=None, metavar="ACC",
+                   help="with --matched: compare at validation accuracy ACC instead")
+
+
+def matched_sources(args: argparse.Namespace, paths: list[str]) -> list[str]:
+    """The checkpoints the positional ``paths`` stand for (with --matched, one per run
+    directory, printed with their epochs and validation accuracies)."""
+    if not args.matched:
+        if args.match_accuracy is not None:
+            raise ValueError("--match-accuracy needs --matched")
+        return paths
+    from capsnet.experiments.matching import describe_match, matched_checkpoints
+
+    level, chosen = matched_checkpoints(paths, args.match_accuracy)
+    print(describe_match(level, chosen), file=sys.stderr)
+    return [str(kept.path) for kept in chosen]
+
+
 def add_target_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-accuracy", type=float, default=None, metavar="ACC",
                    help="stop after the first epoch whose validation accuracy reaches ACC "

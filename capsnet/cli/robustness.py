@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from capsnet.cli.args import add_data_args, add_model_args, load_cli_model, load_cli_test_set
+from capsnet.cli.args import (
+    add_data_args,
+    add_match_args,
+    add_model_args,
+    load_cli_model,
+    load_cli_test_set,
+    matched_sources,
+)
 from capsnet.data.transforms import AffineRanges, affine_set, angle_range, rotate
 from capsnet.experiments.robustness import (
     affine_rows,
@@ -31,7 +38,9 @@ def add_parser(subparsers) -> None:
         "centred on their canvas). Writes robustness.csv, robustness.png (accuracy against "
         "angle), examples.png and table.md into --out-dir.")
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
-                   help=".pt checkpoints or .safetensors weights (CapsNet or CNN)")
+                   help=".pt checkpoints or .safetensors weights (CapsNet or CNN); run "
+                        "directories with --matched")
+    add_match_args(p)
     p.add_argument("--labels", nargs="+", default=None, help="names of the models, in order")
     p.add_argument("--max-angle", type=float, default=60.0, help="largest rotation (degrees)")
     p.add_argument("--step", type=float, default=15.0, help="angle step (degrees)")
@@ -48,8 +57,8 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from capsnet.figures import examples_figure, rotation_figure
 
-    models = named_models(args.checkpoints,
-                          [load_cli_model(args, path) for path in args.checkpoints], args.labels)
+    paths = matched_sources(args, args.checkpoints)
+    models = named_models(paths, [load_cli_model(args, path) for path in paths], args.labels)
     smallest = min(models, key=lambda m: m.image_size)  # larger canvases see its images centred
     test = load_cli_test_set(args, smallest.model.config)
     test = test.to(next(models[0].model.parameters()).device)
