@@ -62,6 +62,7 @@ from benchmarks.campaign_runs import (  # noqa: E402
 from capsnet.data.datasets import load_split  # noqa: E402
 from capsnet.devices import pick_device  # noqa: E402
 from capsnet.experiments.affnist import compare, format_comparison, train_affnist  # noqa: E402
+from capsnet.experiments.matching import matched_checkpoints  # noqa: E402
 from capsnet.experiments.multimnist_training import train_multimnist  # noqa: E402
 from capsnet.experiments.robustness import NamedModel  # noqa: E402
 from capsnet.loading import load_model  # noqa: E402
@@ -364,7 +365,7 @@ def stage_affnist(c: Campaign, budget: Budget) -> dict:
     limit = TINY_TEST if c.tiny else None
     specs = [RunSpec(model, c.work / "affnist" / f"{model}-seed-{seed}",
                      c.settings(model=model, seed=seed, target_accuracy=AFFNIST_TARGET,
-                                test_limit=limit), train_affnist)
+                                test_limit=limit, keep_every=1), train_affnist)
              for model in ("capsnet", "cnn")]
     actions = advance_all(c, specs, budget)
     runs = [run_summary(spec) for spec in specs]
@@ -383,20 +384,24 @@ def stage_affnist(c: Campaign, budget: Budget) -> dict:
 
 
 def affnist_comparison(c: Campaign, specs: list[RunSpec], limit: int | None) -> list[dict]:
-    """`compare` of the validation-selected models on placed MNIST and the affine set,
-    computed once per pair of finished runs."""
+    """`compare` on placed MNIST and the affine set of each run's earliest checkpoint that
+    reaches the validation accuracy both runs reached (the target when both did), computed
+    once per pair of finished runs; each row names its epoch and validation accuracy."""
     key = {spec.label: read_results(spec.run_dir)["epochs"] for spec in specs}
     saved = c.work / "affnist" / "comparison.json"
     if saved.is_file() and json.loads(saved.read_text())["key"] == key:
         return json.loads(saved.read_text())["rows"]
+    level, chosen = matched_checkpoints([spec.run_dir for spec in specs])
     models = []
-    for spec in specs:
-        model = load_model(spec.run_dir / "best.pt", c.device)
+    for spec, kept in zip(specs, chosen, strict=True):
+        model = load_model(kept.path, c.device)
         tune_for_inference(model, c.device, spec.settings.precision, spec.settings.conv_impl)
         models.append(NamedModel(spec.label, model))
     test = load_split("mnist", "test", c.args.data_dir, download=False).to(c.device)
     count = len(test.labels) if limit is None else min(limit, len(test.labels))
     rows = compare(models, test.images[:count], test.labels[:count])
+    for row, kept in zip(rows, chosen, strict=True):
+        row.update(matched_val_accuracy=level, epoch=kept.epoch, val_accuracy=kept.val_accuracy)
     saved.write_text(json.dumps({"key": key, "rows": rows}, indent=2) + "\n")
     return rows
 

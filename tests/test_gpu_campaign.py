@@ -82,6 +82,8 @@ def test_tiny_campaign_runs_every_stage_then_skips_and_resumes(tiny_mnist_dir, t
     assert first["cnn.json"]["run"]["test"]["best"]["accuracy"] >= 0
     affnist = first["affnist.json"]
     assert [row["model"] for row in affnist["comparison"]] == ["capsnet", "cnn"]
+    for row in affnist["comparison"]:  # matched: each at or above the level both reached
+        assert row["epoch"] >= 1 and row["val_accuracy"] >= row["matched_val_accuracy"]
     assert all(run["val_accuracy_at_stop"] is not None for run in affnist["runs"])
     assert 0 <= first["multimnist.json"]["test_error"] <= 1
     assert first["multimnist.json"]["test_pairs"] == gpu_campaign.TINY_TEST
