@@ -17,7 +17,7 @@ from capsnet.loading import (
 )
 from capsnet.models import build_model
 from capsnet.training import checkpoint as ckpt
-from capsnet.training.checkpoint import atomic_torch_save, save_checkpoint
+from capsnet.training.checkpoint import atomic_copy, atomic_torch_save, save_checkpoint
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 
@@ -103,6 +103,27 @@ def test_atomic_torch_save_creates_parent_directories(tmp_path):
     target = tmp_path / "a" / "b" / "x.pt"
     atomic_torch_save({"k": torch.arange(3)}, target)
     assert torch.equal(torch.load(target, weights_only=True)["k"], torch.arange(3))
+
+
+def test_atomic_copy_gives_the_same_bytes_and_an_interrupted_copy_keeps_the_old_file(
+        tmp_path, monkeypatch):
+    source, target = tmp_path / "last.pt", tmp_path / "best.pt"
+    atomic_torch_save({"k": torch.arange(5)}, source)
+    atomic_torch_save({"k": torch.zeros(2)}, target)
+    before = target.read_bytes()
+
+    def broken_copy(src, dst, length=0):
+        dst.write(src.read(10))
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt.shutil, "copyfileobj", broken_copy)
+    with pytest.raises(OSError, match="disk full"):
+        atomic_copy(source, target)
+    monkeypatch.undo()
+    assert target.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["best.pt", "last.pt"]
+    atomic_copy(source, target)
+    assert target.read_bytes() == source.read_bytes()
 
 
 def test_missing_file(tmp_path):

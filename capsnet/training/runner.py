@@ -25,7 +25,7 @@ from capsnet.devices import tune_backends
 from capsnet.loading import CheckpointError, load_checkpoint, model_from_checkpoint
 from capsnet.models import build_model, unwrap
 from capsnet.training import distributed
-from capsnet.training.checkpoint import save_checkpoint
+from capsnet.training.checkpoint import atomic_copy, save_checkpoint
 from capsnet.training.distributed import World
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.metrics_log import MetricsLog
@@ -173,10 +173,10 @@ def _epochs(task: Task, step_model, model, optimizer, scheduler, plan: SpeedPlan
                             rng=rng_state(), train_settings=settings.to_dict(), metrics=row,
                             speed_plan=plan.as_dict(), **_saved_state(state))
                 save_checkpoint(run_dir / "last.pt", model, **ckpt)
-                if improved:
-                    save_checkpoint(run_dir / "best.pt", model, **ckpt)
+                if improved:  # the same checkpoint under other names: copied, not re-serialised
+                    atomic_copy(run_dir / "last.pt", run_dir / "best.pt")
                 if settings.keep_every and epoch % settings.keep_every == 0:
-                    save_checkpoint(run_dir / epoch_checkpoint_name(epoch), model, **ckpt)
+                    atomic_copy(run_dir / "last.pt", run_dir / epoch_checkpoint_name(epoch))
                 metrics.log(row)
             log(epoch_line(row, improved))
             if state["reached_target"]:
