@@ -36,7 +36,7 @@ def keep_freed_memory() -> bool:
     PyTorch's CPU allocator has no cache: each large tensor is a fresh ``mmap`` whose pages
     fault in one by one, and a CapsNet step frees and re-allocates hundreds of MB. On the
     2-core benchmark machine this alone made a training step about 30% faster (see
-    README, Performance). The cost is a higher resident set (it holds the peak), which is
+    docs/performance.md). The cost is a higher resident set (it holds the peak), which is
     what a training process reaches anyway. Linux/glibc only; elsewhere nothing changes."""
     if not sys.platform.startswith("linux"):
         return False

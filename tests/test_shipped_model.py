@@ -8,14 +8,21 @@ from capsnet.data.datasets import load_split
 from capsnet.loading import DEFAULT_WEIGHTS, load_model, weights_info
 from capsnet.training.loop import evaluate
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+RESULTS = REPO / "docs" / "results.md"
 STATED = re.compile(r"shipped model[^*]*\*\*(\d+\.\d+)% test accuracy\*\*")
 
 
-def stated_accuracy() -> float:
-    match = STATED.search(README.read_text())
-    assert match, "README must state the shipped model's accuracy as '**NN.NN% test accuracy**'"
+def stated_accuracy(page: Path = README) -> float:
+    match = STATED.search(page.read_text())
+    assert match, (f"{page.name} must state the shipped model's accuracy as "
+                   "'**NN.NN% test accuracy**'")
     return float(match.group(1)) / 100
+
+
+def test_the_readme_and_the_results_page_state_one_accuracy():
+    assert stated_accuracy(README) == stated_accuracy(RESULTS)
 
 
 @pytest.mark.slow
