@@ -6,9 +6,11 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from capsnet.cli.args import settings_from_args
 from capsnet.cli.main import build_parser, main
+from capsnet.export import export_weights
 from capsnet.loading import load_checkpoint, model_from_checkpoint
 from capsnet.training import TrainSettings, fit
 from capsnet.training.fit import prepare_data
@@ -111,6 +113,10 @@ def test_fast_run_validates_saves_and_tests_the_ema(tiny_mnist_dir, tmp_path):
     best = model_from_checkpoint(tmp_path / "best.pt")
     test = evaluate(best, data.test.images, data.test.labels)
     assert test.accuracy == pytest.approx(results["best"]["accuracy"])
+    # the float16 export carries the EMA too
+    exported = load_file(export_weights(tmp_path / "best.pt", tmp_path / "best.safetensors"))
+    saved = load_checkpoint(tmp_path / "best.pt")["state_dict"]
+    assert all(torch.equal(exported[k], v.half()) for k, v in saved.items())
 
 
 def test_fast_cli_run_stopped_and_resumed_equals_an_uninterrupted_one(tiny_mnist_dir, tmp_path):
