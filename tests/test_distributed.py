@@ -142,12 +142,12 @@ def _torchrun(nproc: int, capsnet_args: list[str]) -> subprocess.CompletedProces
 FIXED_KERNELS = {"precision": "fp32", "conv_impl": "gemm"}
 
 
-def _settings(data_dir: Path, out_dir: Path, epochs: int) -> TrainSettings:
+def _settings(data_dir: Path, out_dir: Path, epochs: int, **extra) -> TrainSettings:
     # max_shift 0: the data path is deterministic, so one and two processes see the same batches;
     # float32 and one convolution path: the same kernels at either per-rank batch size.
     return TrainSettings(preset="small", data_dir=str(data_dir), download=False, epochs=epochs,
                          val_size=100, subset=SUBSET, batch_size=128, max_shift=0, device="cpu",
-                         out_dir=str(out_dir), progress=False, **FIXED_KERNELS)
+                         out_dir=str(out_dir), progress=False, **FIXED_KERNELS, **extra)
 
 
 def _state(path: Path) -> dict:
@@ -241,3 +241,29 @@ def test_resume_two_process_run_in_one_process(runs):
         torch.set_num_threads(threads)
     _assert_same_weights(_state(runs["root"] / "two_resumed" / "last.pt"),
                          _state(runs["one"] / "last.pt"))
+
+
+def test_two_processes_keep_the_same_ema_and_schedule_as_one(tiny_mnist_dir, tmp_path):
+    """The fast recipe under DDP: every rank steps the per-step schedule and averages the
+    (identical) replicated weights, so the saved EMA, the trained weights and the rates
+    match one process's."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(min(THREADS, threads))
+    try:
+        fit(_settings(tiny_mnist_dir, one, epochs=1, recipe="fast"), log=lambda _: None)
+    finally:
+        torch.set_num_threads(threads)
+    launched = _torchrun(2, ["train", "--recipe", "fast", "--preset", "small", "--data-dir",
+                             str(tiny_mnist_dir), "--no-download", "--epochs", "1",
+                             "--val-size", "100", "--subset", str(SUBSET), "--batch-size", "128",
+                             "--max-shift", "0", "--device", "cpu",
+                             "--precision", FIXED_KERNELS["precision"],
+                             "--conv-impl", FIXED_KERNELS["conv_impl"],
+                             "--out-dir", str(two), "--no-progress"])
+    assert launched.returncode == 0, f"{launched.stdout}\n{launched.stderr}"
+    saved_one, saved_two = load_checkpoint(one / "last.pt"), load_checkpoint(two / "last.pt")
+    assert saved_two["ema"] == saved_one["ema"] and saved_one["ema"]["updates"] == 3
+    assert saved_two["scheduler"] == saved_one["scheduler"]
+    _assert_same_weights(saved_two["state_dict"], saved_one["state_dict"])  # the EMA
+    _assert_same_weights(saved_two["raw_state_dict"], saved_one["raw_state_dict"])

@@ -168,10 +168,10 @@ def test_best_checkpoint_is_chosen_by_validation_not_test(tiny_mnist_dir, tmp_pa
     val_by_epoch = {1: 0.50, 2: 0.90, 3: 0.70}
     test_by_epoch = {1: 0.10, 2: 0.20, 3: 0.99}  # monitoring only: must never be used
 
-    def planted_epoch(task, step_model, model, optimizer, epoch, world):
+    def planted_epoch(task, step_model, training, epoch, world):
         with torch.no_grad():  # mark the weights with the epoch that produced them
-            unwrap(model).conv1.bias.fill_(float(epoch))
-        optimizer.step()  # no gradients: a no-op that keeps the scheduler content
+            unwrap(training.model).conv1.bias.fill_(float(epoch))
+        training.optimizer.step()  # no gradients: a no-op that keeps the scheduler content
         return row(epoch, val_by_epoch[epoch], test_accuracy_monitoring=test_by_epoch[epoch])
 
     monkeypatch.setattr(runner, "_train_and_validate", planted_epoch)

@@ -19,6 +19,7 @@ from capsnet.layers.gemm_conv import CONV_IMPLS
 from capsnet.loading import CheckpointError, load_model
 from capsnet.models.precision import PRECISIONS
 from capsnet.training.loop import NonFiniteLossError
+from capsnet.training.recipes import FAST_RECIPE, PAPER_RECIPE, RECIPES, SCHEDULES
 from capsnet.training.settings import CNN_LR, PAPER_LR, TrainSettings, resumed_settings
 from capsnet.tuning import tune_for_inference
 
@@ -117,16 +118,7 @@ def add_recipe_args(p: argparse.ArgumentParser, models=("capsnet", "cnn")) -> No
                         "paper's section 7 models 'cifar10' (64 primary types, a "
                         "none-of-the-above routing category, 24x24 crops) and 'svhn'")
     add_data_args(p)
-    p.add_argument("--epochs", type=int, default=DEFAULTS.epochs)
-    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size,
-                   help="global batch (split over the processes under torchrun)")
-    p.add_argument("--lr", type=float, default=None,
-                   help=f"Adam learning rate (default {PAPER_LR}; {CNN_LR} for the CNN "
-                        f"baseline of the paper and half presets, which dies at "
-                        f"{PAPER_LR})")
-    p.add_argument("--lr-decay", type=float, default=None,
-                   help=f"learning-rate factor applied after each epoch (default "
-                        f"{DEFAULTS.lr_decay}; with --resume: the run's own unless given)")
+    add_schedule_args(p)
     p.add_argument("--routing-iterations", type=int, default=DEFAULTS.routing_iterations)
     p.add_argument("--reconstruction-weight", type=float, default=DEFAULTS.reconstruction_weight,
                    help="0 trains CapsNet without the decoder")
@@ -140,6 +132,46 @@ def add_recipe_args(p: argparse.ArgumentParser, models=("capsnet", "cnn")) -> No
     add_speed_args(p)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def add_schedule_args(p: argparse.ArgumentParser) -> None:
+    """--recipe and the options it fills when they are not given: epochs, batch, the
+    learning rate's peak and schedule, the weights' moving average."""
+    paper, fast = PAPER_RECIPE, FAST_RECIPE
+    p.add_argument("--recipe", default=None, choices=list(RECIPES),
+                   help=f"training schedule filling every option below left unset: 'paper' "
+                        f"(default: {paper.epochs} epochs, Adam x {DEFAULTS.lr_decay} after each "
+                        f"epoch) or "
+                        f"'fast' ({fast.epochs} epochs, peak {fast.lr_scale:g}x the paper's "
+                        f"rate, {fast.warmup_epochs:g} epoch warm-up, {fast.schedule} to "
+                        f"{fast.min_lr:g}, EMA {fast.ema_decay:g} of the weights)")
+    p.add_argument("--epochs", type=int, default=None, help="default: the recipe's")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"global batch (split over the processes under torchrun; default: "
+                        f"the recipe's, {paper.batch_size})")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"peak Adam learning rate (default: the recipe's multiple of {PAPER_LR}; "
+                        f"of {CNN_LR} for the CNN baseline of the paper and half presets, "
+                        f"which dies at {PAPER_LR})")
+    p.add_argument("--lr-decay", type=float, default=None,
+                   help=f"schedule exp: learning-rate factor applied after each epoch (default "
+                        f"{DEFAULTS.lr_decay}; with --resume: the run's own unless given)")
+    p.add_argument("--schedule", default=None, choices=SCHEDULES,
+                   help="learning rate: exp (x --lr-decay after each epoch, the paper's), "
+                        "cosine (down to --min-lr at the last step) or onecycle (a cosine "
+                        "from lr/25 up over the warm-up, then down to --min-lr); all but exp "
+                        "without warm-up are set every step")
+    p.add_argument("--warmup-epochs", type=float, default=None, metavar="F",
+                   help="linear warm-up to the peak rate over F epochs, set every step")
+    p.add_argument("--min-lr", type=float, default=None,
+                   help="cosine/onecycle: the rate at the end of the run")
+    p.add_argument("--ema-decay", type=float, default=None, metavar="F",
+                   help="exponential moving average of the weights, updated every step; the "
+                        "average is validated, selected, saved as the model and tested "
+                        "(0: none, the paper's)")
+    p.add_argument("--ema-warmup", default=None, action=argparse.BooleanOptionalAction,
+                   help="the average's decay ramps up as min(F, (1 + n) / (10 + n)) over "
+                        "its first updates (the fast recipe's)")
 
 
 def add_image_args(p: argparse.ArgumentParser) -> None:
@@ -164,7 +196,8 @@ def add_run_args(p: argparse.ArgumentParser, out_dir: str) -> None:
                         "the resumed checkpoint)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR_OR_CHECKPOINT",
                    help="continue a stopped run (its settings are reused; --epochs may extend "
-                        "it and --lr-decay may change the decay from the next epoch on)")
+                        "it (a per-step schedule then stays at its end value) and --lr-decay "
+                        "may change the exp decay from the next epoch on)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="stop before an epoch would end after SECONDS (checkpointed: continue "
                         "with --resume), e.g. inside a job's time limit")
@@ -210,13 +243,14 @@ def add_target_arg(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace, **fixed) -> TrainSettings:
     """The run's settings: those given on the command line (``fixed`` values override them;
     options left at None take the dataclass default), or with --resume the stopped run's own
-    settings with --epochs, --device, --no-progress and, when given, --lr-decay."""
+    settings with --device, --no-progress and, when given, --epochs and --lr-decay."""
     values = {k: v for k, v in vars(args).items()
               if k in TrainSettings.__dataclass_fields__ and v is not None}
     given = TrainSettings(**{**values, **fixed})
     if getattr(args, "resume", None):
         also = [name for name in RESUME_OPTIONAL_OVERRIDES if getattr(args, name) is not None]
-        return resumed_settings(args.resume, given, also, args.out_dir)
+        keep = [] if getattr(args, "epochs", None) is not None else ["epochs"]
+        return resumed_settings(args.resume, given, also, args.out_dir, keep=keep)
     out_dir = getattr(args, "out_dir", None) or getattr(args, "default_out_dir", None)
     if out_dir:
         given.out_dir = out_dir

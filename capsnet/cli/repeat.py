@@ -13,7 +13,9 @@ def add_parser(subparsers) -> None:
         "repeat", help="train the same recipe over several seeds and summarise",
         description="Train once per seed (each run selects its epoch on its own validation "
         "split), then report the test error of those models as mean ± sample standard "
-        "deviation, and separately the test error of their ensemble (averaged capsule lengths).")
+        "deviation, and separately the test error of their ensemble (averaged capsule "
+        "lengths, from the test_scores.npy each run saves). Called again with the same "
+        "--out-dir, it reads back complete seeds and resumes a stopped one.")
     p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default 1,2,3)")
     p.add_argument("--out-dir", default="runs/repeat", help="parent directory of the runs")
     add_train_args(p)
@@ -30,9 +32,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def format_summary(s: dict) -> str:
-    runs = ", ".join(f"seed {seed}: {100 * e:.2f}%"
-                     for seed, e in zip(s["seeds"], s["test_errors"], strict=False))
-    return (f"test error over {len(s['seeds'])} seeds ({s['protocol']}): "
-            f"{100 * s['test_error_mean']:.2f} ± {100 * s['test_error_std']:.2f}%  [{runs}]\n"
-            f"ensemble of {s['ensemble_size']} models (averaged capsule lengths): "
-            f"test error {100 * s['ensemble_test_error']:.2f}%")
+    """A table: one row per seed, the mean ± sample standard deviation, and the ensemble."""
+    rows = [(f"seed {seed}", f"{100 * e:.2f}%")
+            for seed, e in zip(s["seeds"], s["test_errors"], strict=True)]
+    rows.append((f"mean ± std over {len(s['seeds'])} seeds",
+                 f"{100 * s['test_error_mean']:.2f} ± {100 * s['test_error_std']:.2f}%"))
+    rows.append((f"ensemble of {s['ensemble_size']} (averaged capsule lengths)",
+                 f"{100 * s['ensemble_test_error']:.2f}%"))
+    width = max(len(name) for name, _ in rows)
+    lines = [f"test error, {s['protocol']}:"]
+    lines += [f"  {name:<{width}}  {value:>14}" for name, value in rows]
+    return "\n".join(lines)

@@ -17,10 +17,11 @@ def add_parser(subparsers) -> None:
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
-    """The paper recipe's arguments, shared by `train` and `repeat`."""
+    """The classification recipe's arguments, shared by `train` and `repeat`."""
     add_recipe_args(p)
-    p.add_argument("--max-shift", type=int, default=DEFAULTS.max_shift,
-                   help="random shift augmentation in pixels (0 disables)")
+    p.add_argument("--max-shift", type=int, default=None,
+                   help=f"random shift augmentation in pixels (0 disables; default: the "
+                        f"recipe's, {DEFAULTS.max_shift})")
     p.add_argument("--monitor-test", action="store_true",
                    help="also report test accuracy after every epoch (monitoring only)")
 

@@ -1,5 +1,6 @@
 """Training: one epoch and evaluation (loop), the one epoch driver for every run (runner),
-the paper's recipe (fit), several seeds (repeat), checkpoint writing, settings, DDP, metrics."""
+classification (fit), several seeds (repeat), named recipes (recipes), learning-rate schedules
+(schedules), the weights' moving average (ema), checkpoint writing, settings, DDP, metrics."""
 from capsnet.training.checkpoint import save_checkpoint
 from capsnet.training.fit import fit
 from capsnet.training.loop import (

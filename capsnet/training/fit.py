@@ -15,8 +15,9 @@ from capsnet.data.folder import format_skipped_warning
 from capsnet.data.splits import epoch_order, epoch_seed, stratified_split
 from capsnet.training import distributed
 from capsnet.training.distributed import World
-from capsnet.training.loop import StepOptions, evaluate, train_one_epoch
+from capsnet.training.loop import StepOptions, evaluate, predict_scores, train_one_epoch
 from capsnet.training.runner import Log, Progress, Task, run_task
+from capsnet.training.scores import save_test_scores
 from capsnet.training.settings import TrainSettings
 
 
@@ -95,7 +96,8 @@ def data_overrides(settings: TrainSettings, data: RunData, image_size: int | Non
 
 class ClassifyTask(Task):
     """Images of a dataset with one label each; the paper's random shifts; validation on
-    the held-out split; the test set evaluated once for the final and selected models."""
+    the held-out split; the test set evaluated once for the final and selected models, and
+    the selected model's test scores saved (capsnet.training.scores)."""
 
     name = "classify"
 
@@ -143,6 +145,9 @@ class ClassifyTask(Task):
         kwargs = dict(reconstruction_weight=self.settings.reconstruction_weight)
         test = self.data.test
         final_result = evaluate(final, test.images, test.labels, **kwargs)
+        selected = final if best is None else best
+        scores = predict_scores(selected, test.images)  # (N, J), for ensembles without weights
+        save_test_scores(self.settings.out_dir, scores, test.labels)
         results = {"final": final_result.as_dict()}
         if not len(self.data.val_idx):
             log(f"test accuracy {final_result.accuracy:.4f} (error "

@@ -1,12 +1,14 @@
 """One recipe over several seeds: each run selects its own epoch by validation; the test
 errors are summarised as mean and sample standard deviation, and their ensemble (averaged
-capsule lengths) is scored as a separate number."""
+capsule lengths, from the test scores each run saved) is scored as a separate number. A
+repeat run again continues where it stopped: complete seeds are read back, a stopped one
+resumes from its last.pt."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -17,20 +19,25 @@ from capsnet.devices import pick_device
 from capsnet.loading import model_from_checkpoint
 from capsnet.training.fit import fit
 from capsnet.training.loop import predict_scores
-from capsnet.training.settings import TrainSettings
+from capsnet.training.scores import ensemble_from_runs, has_test_scores
+from capsnet.training.settings import RESUME_OVERRIDES, TrainSettings, resumed_settings
+
+# Settings a seed's run directory may hold with other values and still be the same run.
+NOT_THE_RECIPE = (*RESUME_OVERRIDES, "out_dir", "data_dir", "download", "compile", "seed")
 
 
 def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | Path,
-                  argv: list[str] | None = None) -> dict:
-    """Train ``settings`` once per seed into ``out_dir/seed-N``, then summarise (also
-    written to ``out_dir/summary.json``)."""
+                  argv: list[str] | None = None, log: Callable[[str], None] = print) -> dict:
+    """Train ``settings`` once per seed into ``out_dir/seed-N`` (or read back, or resume,
+    what an earlier call left there), then summarise (also written to
+    ``out_dir/summary.json``)."""
     if not seeds:
         raise ValueError("at least one seed is needed")
     out = Path(out_dir)
     checkpoints, errors = [], []
     for seed in seeds:
         run = dataclasses.replace(settings, seed=seed, out_dir=str(out / f"seed-{seed}"))
-        results = fit(run, argv=argv)
+        results = run_seed(run, argv, log)
         errors.append(results.get("best", results["final"])["error"])
         checkpoints.append(Path(run.out_dir) / "best.pt")
     summary = summarise(settings, list(seeds), errors, checkpoints)
@@ -38,19 +45,67 @@ def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | 
     return summary
 
 
+def run_seed(run: TrainSettings, argv: list[str] | None = None,
+             log: Callable[[str], None] = print) -> dict:
+    """One seed's results: read back when its directory holds a complete run of ``run``'s
+    epochs, trained on from its last.pt when it stopped short, trained afresh otherwise."""
+    run_dir = Path(run.out_dir)
+    check_same_recipe(run_dir, run)
+    results_path = run_dir / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else None
+    if (results is not None and results.get("complete", True)
+            and (results["epochs"] >= run.epochs or results.get("reached_target"))):
+        log(f"{run_dir}: complete after {results['epochs']} epochs; not trained again")
+        return results
+    last = run_dir / "last.pt"
+    if last.is_file():
+        return fit(resumed_settings(last, run, out_dir=str(run_dir)), resume=str(last),
+                   argv=argv, log=log)
+    return fit(run, argv=argv, log=log)
+
+
+def check_same_recipe(run_dir: Path, run: TrainSettings) -> None:
+    """A ValueError when ``run_dir`` holds a run of other settings than ``run``."""
+    config = run_dir / "config.json"
+    if not config.is_file():
+        return
+    saved = TrainSettings.from_dict(json.loads(config.read_text())["settings"]).to_dict()
+    wanted = run.to_dict()
+    differ = sorted(k for k in wanted if k not in NOT_THE_RECIPE and saved[k] != wanted[k])
+    if differ:
+        raise ValueError(f"{run_dir} holds a run with other settings ("
+                         + ", ".join(f"{k} {saved[k]!r}, not {wanted[k]!r}" for k in differ)
+                         + "); give another --out-dir")
+
+
 def summarise(settings: TrainSettings, seeds: list[int], errors: list[float],
               checkpoints: list[Path]) -> dict:
-    """Mean ± std of the runs' test errors and the test error of their ensemble."""
-    device = pick_device(settings.device)
-    models = [model_from_checkpoint(c, map_location=device) for c in checkpoints]
-    test = load_test_set(models[0].config, settings.dataset, settings.data_dir, settings.download,
-                         skip_bad=settings.skip_bad_images, progress=False).to(device)
+    """Mean ± std of the runs' test errors and the test error of their ensemble, from the
+    test scores saved beside the checkpoints (recomputed from the checkpoints for runs
+    older than those files)."""
+    run_dirs = [Path(c).parent for c in checkpoints]
+    if all(has_test_scores(d) for d in run_dirs):
+        ensemble = ensemble_from_runs(run_dirs)
+        source = "saved test scores"
+    else:
+        ensemble = ensemble_of_checkpoints(settings, checkpoints)
+        source = "checkpoints"
     mean, std = mean_std(errors)
     protocol = ("validation-selected epoch per seed" if settings.val_size > 0
                 else "final epoch per seed (no validation split)")
     return {"seeds": seeds, "protocol": protocol, "test_errors": errors,
             "test_error_mean": mean, "test_error_std": std,
-            "ensemble_test_error": 1.0 - ensemble_accuracy(models, test.images, test.labels),
+            "ensemble_test_error": ensemble["ensemble_test_error"],
+            "ensemble_size": ensemble["ensemble_size"], "ensemble_from": source}
+
+
+def ensemble_of_checkpoints(settings: TrainSettings, checkpoints: list[Path]) -> dict:
+    """The ensemble's test error computed by running every checkpoint on the test set."""
+    device = pick_device(settings.device)
+    models = [model_from_checkpoint(c, map_location=device) for c in checkpoints]
+    test = load_test_set(models[0].config, settings.dataset, settings.data_dir, settings.download,
+                         skip_bad=settings.skip_bad_images, progress=False).to(device)
+    return {"ensemble_test_error": 1.0 - ensemble_accuracy(models, test.images, test.labels),
             "ensemble_size": len(models)}
 
 

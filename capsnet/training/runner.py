@@ -1,9 +1,9 @@
 """The one epoch driver. Every training run, the paper's recipe, affNIST and MultiMNIST
 alike, goes through :func:`run_task`: the run directory, DistributedDataParallel under
-torchrun, the measured speed plan, resume (model, optimiser, scheduler, random state,
-epoch), selection by validation accuracy, an optional stop at a target accuracy, atomic
-checkpoints, the metrics log, a stop with the last good checkpoint named on a non-finite
-loss, and the test set evaluated once at the end.
+torchrun, the measured speed plan, resume (model, optimiser, scheduler, the weights' moving
+average, random state, epoch), selection by validation accuracy, an optional stop at a
+target accuracy, atomic checkpoints, the metrics log, a stop with the last good checkpoint
+named on a non-finite loss, and the test set evaluated once at the end.
 
 What differs between runs is a :class:`Task`: which data, which model size, one epoch of
 training, validation and the final test.
@@ -20,15 +20,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from capsnet.config import config_to_dict, make_config
+from capsnet.config import config_to_dict
 from capsnet.devices import tune_backends
 from capsnet.loading import CheckpointError, load_checkpoint, model_from_checkpoint
-from capsnet.models import build_model, unwrap
+from capsnet.models import unwrap
 from capsnet.training import distributed
 from capsnet.training.checkpoint import atomic_copy, save_checkpoint
 from capsnet.training.distributed import World
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.metrics_log import MetricsLog
+from capsnet.training.optimisation import Training, build_training
 from capsnet.training.progress import epoch_progress
 from capsnet.training.settings import TrainSettings, resume_checkpoint
 from capsnet.tuning import (
@@ -114,43 +115,42 @@ def _run(task: Task, resume: str | None, argv, log: Log, world: World) -> dict:
     distributed.per_rank_batch(settings.batch_size, world)  # fail early if not divisible
     with distributed.local_main_first(world):  # one download per machine
         task.prepare(device)
-    model, optimizer, scheduler = build_training(settings, task.model_overrides(), device)
+    training = build_training(settings, task.model_overrides(), device,
+                              steps_per_epoch(task, world))
+    model = training.model
     if world.is_main:  # only now: bad data or an unworkable size leave no run directory
         run_dir.mkdir(parents=True, exist_ok=True)
     state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None, "reached_target": False}
     saved_plan = None
     if resume is not None:
-        state, saved_plan = _restore(resume_checkpoint(resume), task, model, optimizer, scheduler,
-                                     device)
-        scheduler.gamma = settings.lr_decay  # a resumed run may anneal at a new rate from here
+        state, saved_plan = _restore(resume_checkpoint(resume), task, training, device)
         log(f"resuming {resume} after epoch {state['epoch']}")
     plan = speed_plan_for(settings, model, world, saved_plan)
-    apply_plan(model, plan)
+    for computing in training.modules():
+        apply_plan(computing, plan)
     log(f"speed: {plan.describe()}")
     if world.is_main:
         describe_run(run_dir, settings, model, plan, argv)
     log(task.describe(world))
     train_model = distributed.wrap_model(model, world)
     step_model = torch.compile(train_model) if settings.compile else train_model
-    _epochs(task, step_model, model, optimizer, scheduler, plan, state, world, log)
+    _epochs(task, step_model, training, plan, state, world, log)
     results = None
     if world.is_main:
         results = (_unfinished_report(task, state) if state.get("stopped_for_time")
-                   else _final_report(task, model, state, log))
+                   else _final_report(task, training.evaluated, state, log))
     return distributed.broadcast_object(results, world)
 
 
-def build_training(settings: TrainSettings, overrides: dict, device: torch.device):
-    """Model, Adam and an exponential learning-rate decay stepped once per epoch."""
-    config = make_config(settings.model, settings.preset, **overrides,
-                         routing_iterations=settings.routing_iterations,
-                         use_decoder=settings.reconstruction_weight > 0)
-    model = build_model(config).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
-    return model, optimizer, torch.optim.lr_scheduler.ExponentialLR(optimizer, settings.lr_decay)
+def steps_per_epoch(task: Task, world: World) -> int:
+    """Optimiser steps in one epoch on each rank (1 for a task that states no epoch_size)."""
+    size = _epoch_size(task, world)
+    if size is None:
+        return 1
+    return max(1, -(-size // distributed.per_rank_batch(task.settings.batch_size, world)))
 
 
-def _epochs(task: Task, step_model, model, optimizer, scheduler, plan: SpeedPlan, state: dict,
+def _epochs(task: Task, step_model, training: Training, plan: SpeedPlan, state: dict,
             world: World, log: Log) -> None:
     """Train until the last epoch or the target accuracy, checkpointing every epoch."""
     settings, run_dir = task.settings, Path(task.settings.out_dir)
@@ -160,19 +160,19 @@ def _epochs(task: Task, step_model, model, optimizer, scheduler, plan: SpeedPlan
         for epoch in range(state["epoch"] + 1, settings.epochs + 1):
             if state["reached_target"] or _out_of_time(settings, start, state, epoch, log):
                 break
-            row = _train_and_validate(task, step_model, model, optimizer, epoch, world)
+            row = _train_and_validate(task, step_model, training, epoch, world)
             state["last_epoch_seconds"] = time.perf_counter() - start - state.get("spent", 0.0)
             state["spent"] = time.perf_counter() - start
-            scheduler.step()
+            training.after_epoch()
             improved = _select(row, state, epoch)
             target = settings.target_accuracy
             state["epoch"] = epoch
             state["reached_target"] = target is not None and row.get("val_accuracy", -1) >= target
             if world.is_main:
-                ckpt = dict(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                            rng=rng_state(), train_settings=settings.to_dict(), metrics=row,
+                ckpt = dict(**training.checkpoint_state(), rng=rng_state(),
+                            train_settings=settings.to_dict(), metrics=row,
                             speed_plan=plan.as_dict(), **_saved_state(state))
-                save_checkpoint(run_dir / "last.pt", model, **ckpt)
+                save_checkpoint(run_dir / "last.pt", training.evaluated, **ckpt)
                 if improved:  # the same checkpoint under other names: copied, not re-serialised
                     atomic_copy(run_dir / "last.pt", run_dir / "best.pt")
                 if settings.keep_every and epoch % settings.keep_every == 0:
@@ -214,9 +214,10 @@ def _saved_state(state: dict) -> dict:
     return {k: state[k] for k in ("epoch", "best_val_accuracy", "best_epoch", "reached_target")}
 
 
-def _train_and_validate(task: Task, step_model, model, optimizer, epoch: int,
+def _train_and_validate(task: Task, step_model, training: Training, epoch: int,
                         world: World) -> dict:
-    lr = optimizer.param_groups[0]["lr"]
+    optimizer = training.optimizer
+    lr = optimizer.param_groups[0]["lr"]  # the epoch's first step's
     start = time.perf_counter()
     with epoch_progress(task.settings.progress and world.is_main, epoch,
                         _epoch_size(task, world)) as on_progress:
@@ -227,8 +228,8 @@ def _train_and_validate(task: Task, step_model, model, optimizer, epoch: int,
     row = {"epoch": epoch, "lr": lr, "train_loss": loss, "train_accuracy": accuracy,
            "epoch_seconds": round(seconds, 3),
            "images_per_second": round(train["images"] * world.size / seconds, 1)}
-    # The plain module: ranks evaluate different numbers of batches, outside DDP.
-    row.update(task.validate(unwrap(model), world))
+    # The plain module (the EMA if any): ranks evaluate different numbers of batches, outside DDP.
+    row.update(task.validate(training.evaluated, world))
     return row
 
 
@@ -306,7 +307,7 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
-def _restore(path: Path, task: Task, model, optimizer, scheduler,
+def _restore(path: Path, task: Task, training: Training,
              device) -> tuple[dict, dict | None]:
     """Load a checkpoint into the run's objects; returns the epoch state and the run's
     speed plan (None for checkpoints written before plans)."""
@@ -315,9 +316,7 @@ def _restore(path: Path, task: Task, model, optimizer, scheduler,
     if saved_task != task.name:
         raise CheckpointError(f"{path}: a {saved_task} run; resume it with the command that "
                               f"started it, not as a {task.name} run")
-    unwrap(model).load_state_dict(payload["state_dict"])
-    optimizer.load_state_dict(payload["optimizer"])
-    scheduler.load_state_dict(payload["scheduler"])
+    training.restore(payload, task.settings.lr_decay)
     set_rng_state(payload["rng"])
     state = {k: payload[k] for k in ("epoch", "best_val_accuracy", "best_epoch")}
     state["reached_target"] = payload.get("reached_target", False)

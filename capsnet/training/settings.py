@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from capsnet.training.recipes import SCHEDULES, get_recipe
+
 
 @dataclass
 class TrainSettings:
@@ -15,13 +17,20 @@ class TrainSettings:
     dataset: str = "mnist"  # mnist, fashion-mnist, cifar10, svhn, or folder (data_dir = its root)
     data_dir: str | None = None
     download: bool = True
-    epochs: int = 10
-    batch_size: int = 128
-    lr: float | None = None  # Adam; None: default_lr(model, preset)
-    lr_decay: float = 0.96  # multiplied into the learning rate after each epoch
+    # None below: the recipe's value (capsnet/training/recipes.py)
+    recipe: str = "paper"  # 'paper' or 'fast'
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None  # peak Adam rate; None: the recipe's multiple of default_lr()
+    lr_decay: float = 0.96  # schedule 'exp': multiplied into the learning rate after each epoch
+    schedule: str | None = None  # 'exp' (per epoch), 'cosine' or 'onecycle' (per step)
+    warmup_epochs: float | None = None  # linear warm-up from ~0 to lr (per step)
+    min_lr: float | None = None  # 'cosine'/'onecycle': the rate at the end of the run
+    ema_decay: float | None = None  # EMA of the weights, validated/saved/tested; 0: none
+    ema_warmup: bool | None = None  # EMA decay min(ema_decay, (1 + n) / (10 + n)) at update n
     routing_iterations: int = 3
     reconstruction_weight: float = 0.0005  # 0 trains CapsNet without its decoder
-    max_shift: int = 2  # random translation augmentation, pixels
+    max_shift: int | None = None  # random translation augmentation, pixels
     crop: int | None = None  # random crops in training (instead of shifts), centre crop to evaluate
     image_size: int | None = None  # resize the images to N x N (default: their own size)
     channels: int | None = None  # 1 (grey) or 3 (RGB); default: the data's own
@@ -44,8 +53,13 @@ class TrainSettings:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        recipe = get_recipe(self.recipe)
+        for name in RECIPE_FIELDS:
+            if getattr(self, name) is None:
+                setattr(self, name, getattr(recipe, name))
         if self.lr is None:
-            self.lr = default_lr(self.model, self.preset)
+            self.lr = recipe.lr_scale * default_lr(self.model, self.preset)
+        check_schedule(self)
         if self.keep_every is not None and self.keep_every < 1:
             raise ValueError(f"keep_every must be a positive number of epochs, "
                              f"not {self.keep_every}")
@@ -73,6 +87,22 @@ def default_lr(model: str, preset: str) -> float:
     return CNN_LR if model == "cnn" and preset != "small" else PAPER_LR
 
 
+# Settings a recipe fills when a run leaves them None (the learning rate: see __post_init__).
+RECIPE_FIELDS = ("epochs", "batch_size", "schedule", "warmup_epochs", "min_lr", "ema_decay",
+                 "ema_warmup", "max_shift")
+
+
+def check_schedule(s: TrainSettings) -> None:
+    """A ValueError for a schedule or moving average that cannot run."""
+    if s.schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {s.schedule!r}; choose from {', '.join(SCHEDULES)}")
+    if s.warmup_epochs < 0 or s.warmup_epochs > s.epochs:
+        raise ValueError(f"warmup_epochs must be within 0..epochs ({s.epochs}), "
+                         f"not {s.warmup_epochs}")
+    if not 0.0 <= s.ema_decay < 1.0:
+        raise ValueError(f"ema_decay must be in [0, 1) (0: no moving average), not {s.ema_decay}")
+
+
 # Always taken from the command that resumes a run; the rest are the run's own settings.
 RESUME_OVERRIDES = ("epochs", "device", "progress", "time_limit", "keep_every")
 
@@ -84,17 +114,20 @@ def resume_checkpoint(path: str | Path) -> Path:
 
 
 def resumed_settings(resume: str | Path, given: TrainSettings,
-                     also_given: Iterable[str] = (), out_dir: str | None = None) -> TrainSettings:
-    """The stopped run's own settings, with RESUME_OVERRIDES and the fields named in
-    ``also_given`` (e.g. 'lr_decay', to anneal faster from the next epoch on) taken from
-    ``given``. The run goes on in ``out_dir`` if given, else in the resumed checkpoint's
-    directory (the saved out_dir may be relative to another working directory)."""
+                     also_given: Iterable[str] = (), out_dir: str | None = None,
+                     keep: Iterable[str] = ()) -> TrainSettings:
+    """The stopped run's own settings, with RESUME_OVERRIDES (but those named in ``keep``,
+    e.g. 'epochs' when the command gave none) and the fields named in ``also_given`` (e.g.
+    'lr_decay', to anneal faster from the next epoch on) taken from ``given``. The run goes
+    on in ``out_dir`` if given, else in the resumed checkpoint's directory (the saved
+    out_dir may be relative to another working directory)."""
     from capsnet.loading import load_checkpoint
 
     checkpoint = resume_checkpoint(resume)
     saved = load_checkpoint(checkpoint).get("train_settings")
     settings = dataclasses.replace(given) if saved is None else TrainSettings.from_dict(saved)
-    for name in (*RESUME_OVERRIDES, *also_given):
+    kept = set(keep)
+    for name in (*(n for n in RESUME_OVERRIDES if n not in kept), *also_given):
         setattr(settings, name, getattr(given, name))
     settings.out_dir = out_dir or str(checkpoint.parent)
     return settings

@@ -1,0 +1,105 @@
+"""Learning-rate schedules.
+
+The paper's (``exp`` without warm-up) multiplies the rate by ``lr_decay`` after every epoch:
+torch's ExponentialLR, stepped by the runner once per epoch. Every other schedule sets the
+rate before each optimiser step: a LambdaLR whose multiplier is a :class:`StepSchedule`.
+That is a callable object, not a function, so the scheduler's state_dict carries its
+shape and length and a resumed run continues it bit-exactly; a run extended past its
+planned end with --epochs stays at the schedule's last value.
+
+Multipliers of the peak rate at 0-based optimiser step ``s`` (W warm-up steps, T steps in
+the run, f = min_lr / lr the floor):
+
+- ``cosine``: (s + 1) / W while s < W, then f + (1 - f) (1 + cos(pi p)) / 2 with
+  p = (s - W) / (T - W), capped at 1.
+- ``onecycle`` (the rate's shape in torch's OneCycleLR, momentum not cycled): a half-cosine
+  from 1/25 up to 1 over the W warm-up steps, then the same half-cosine down to f.
+- ``exp`` with warm-up: (s + 1) / W while s < W, times lr_decay ** (the epoch s falls in).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.optim.lr_scheduler import ExponentialLR, LambdaLR, LRScheduler
+
+ONECYCLE_START = 1 / 25  # one-cycle starts at the peak / 25 (OneCycleLR's div_factor)
+
+
+def linear_warmup(step: int, warmup_steps: int) -> float:
+    """(step + 1) / warmup_steps during the warm-up, 1 after it (and without one)."""
+    return 1.0 if step >= warmup_steps else (step + 1) / warmup_steps
+
+
+def half_cosine(start: float, end: float, progress: float) -> float:
+    """From ``start`` (progress 0) to ``end`` (progress 1) along half a cosine."""
+    return end + (start - end) * (1.0 + math.cos(math.pi * progress)) / 2.0
+
+
+def anneal_progress(step: int, warmup_steps: int, total_steps: int) -> float:
+    """How far into the annealing after the warm-up ``step`` is, in [0, 1]."""
+    return min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int, floor: float) -> float:
+    """Linear warm-up to 1, then a cosine down to ``floor`` at ``total_steps``."""
+    if step < warmup_steps:
+        return linear_warmup(step, warmup_steps)
+    return half_cosine(1.0, floor, anneal_progress(step, warmup_steps, total_steps))
+
+
+def one_cycle(step: int, warmup_steps: int, total_steps: int, floor: float,
+              start: float = ONECYCLE_START) -> float:
+    """Half-cosine from ``start`` up to 1 over the warm-up, then half-cosine to ``floor``."""
+    if step < warmup_steps:
+        return half_cosine(start, 1.0, step / warmup_steps)
+    return half_cosine(1.0, floor, anneal_progress(step, warmup_steps, total_steps))
+
+
+def exp_staircase(step: int, warmup_steps: int, steps_per_epoch: int, decay: float) -> float:
+    """The paper's decay per epoch, after a linear warm-up."""
+    return linear_warmup(step, warmup_steps) * decay ** (step // steps_per_epoch)
+
+
+@dataclass
+class StepSchedule:
+    """The multiplier of the peak rate at each optimiser step (LambdaLR's ``lr_lambda``);
+    its fields are saved in the scheduler's state_dict."""
+
+    shape: str  # 'cosine', 'onecycle' or 'exp'
+    warmup_steps: int
+    total_steps: int
+    floor: float  # min_lr / peak lr
+    steps_per_epoch: int
+    decay: float  # 'exp': factor per epoch
+
+    def __call__(self, step: int) -> float:
+        if self.shape == "cosine":
+            return warmup_cosine(step, self.warmup_steps, self.total_steps, self.floor)
+        if self.shape == "onecycle":
+            return one_cycle(step, self.warmup_steps, self.total_steps, self.floor)
+        if self.shape == "exp":
+            return exp_staircase(step, self.warmup_steps, self.steps_per_epoch, self.decay)
+        raise ValueError(f"unknown schedule shape {self.shape!r}")
+
+
+def is_per_step(settings) -> bool:
+    """Whether the settings' schedule is set every optimiser step (all but the paper's)."""
+    return settings.schedule != "exp" or settings.warmup_epochs > 0
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, settings,
+                   steps_per_epoch: int) -> tuple[LRScheduler, bool]:
+    """The run's scheduler over ``optimizer`` (whose rate is the peak, ``settings.lr``) and
+    whether it steps after every optimiser step (True) or once per epoch (False).
+    ``settings`` is a TrainSettings; ``steps_per_epoch`` the optimiser steps in an epoch."""
+    if not is_per_step(settings):
+        return ExponentialLR(optimizer, settings.lr_decay), False
+    steps_per_epoch = max(1, steps_per_epoch)
+    schedule = StepSchedule(settings.schedule,
+                            warmup_steps=round(settings.warmup_epochs * steps_per_epoch),
+                            total_steps=settings.epochs * steps_per_epoch,
+                            floor=settings.min_lr / settings.lr,
+                            steps_per_epoch=steps_per_epoch, decay=settings.lr_decay)
+    return LambdaLR(optimizer, schedule), True

@@ -1,0 +1,157 @@
+"""Learning-rate schedules and the weights' moving average against hand computation; the
+scheduler's state round trip that makes a resumed run continue its schedule exactly."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import ExponentialLR, LambdaLR
+
+from capsnet.training.ema import WeightEMA
+from capsnet.training.schedules import (
+    exp_staircase,
+    make_scheduler,
+    one_cycle,
+    warmup_cosine,
+)
+from capsnet.training.settings import TrainSettings
+
+
+@pytest.mark.parametrize("step, expected", [
+    (0, 0.25), (1, 0.5), (3, 1.0),  # linear warm-up over W = 4 steps: (s + 1) / 4
+    (4, 1.0),  # the cosine starts at the peak
+    (8, 0.01 + 0.99 * 0.5),  # half-way through T - W = 8 annealing steps: cos(pi/2) = 0
+    (10, 0.01 + 0.99 * (1 + math.cos(math.pi * 0.75)) / 2),
+    (12, 0.01), (20, 0.01),  # the floor at T, and after it (a run extended by --epochs)
+])
+def test_warmup_cosine_by_hand(step, expected):
+    value = warmup_cosine(step, warmup_steps=4, total_steps=12, floor=0.01)
+    assert value == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("step, expected", [
+    (0, 0.04),  # one-cycle starts at the peak / 25
+    (2, 1 - 0.96 * 0.5),  # half-way up: 1 + (0.04 - 1) (1 + cos(pi / 2)) / 2
+    (4, 1.0), (8, 0.505), (12, 0.01),
+])
+def test_one_cycle_by_hand(step, expected):
+    assert one_cycle(step, warmup_steps=4, total_steps=12, floor=0.01) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("step, expected", [(0, 0.5), (1, 1.0), (4, 1.0), (5, 0.5), (12, 0.25)])
+def test_exp_staircase_with_warm_up_by_hand(step, expected):
+    # warm-up over 2 steps, epochs of 5 steps, x 0.5 per epoch
+    assert exp_staircase(step, warmup_steps=2, steps_per_epoch=5, decay=0.5) == expected
+
+
+def test_without_warm_up_no_step_is_scaled_down():
+    assert warmup_cosine(0, 0, 10, 0.0) == 1.0
+    assert exp_staircase(0, 0, 5, 0.5) == 1.0
+
+
+def adam(lr: float = 1.0) -> torch.optim.Adam:
+    return torch.optim.Adam([nn.Parameter(torch.zeros(2))], lr=lr)
+
+
+def test_the_paper_schedule_is_exponential_per_epoch():
+    scheduler, per_step = make_scheduler(adam(), TrainSettings(), steps_per_epoch=430)
+    assert isinstance(scheduler, ExponentialLR) and per_step is False
+    assert scheduler.gamma == 0.96
+
+
+def rates(optimizer, scheduler, steps: int) -> list[float]:
+    """The rate each of ``steps`` optimiser steps uses."""
+    used = []
+    for _ in range(steps):
+        used.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return used
+
+
+def test_cosine_is_set_every_step_and_resumes_with_its_own_length():
+    settings = TrainSettings(recipe="fast", epochs=3, lr=2.0, min_lr=0.02, warmup_epochs=1)
+    optimizer = adam(settings.lr)
+    scheduler, per_step = make_scheduler(optimizer, settings, steps_per_epoch=4)
+    assert isinstance(scheduler, LambdaLR) and per_step is True
+    first = rates(optimizer, scheduler, 5)
+    assert first == pytest.approx([2.0 * warmup_cosine(s, 4, 12, 0.01) for s in range(5)])
+    # a resumed run, even one given more epochs, continues the saved schedule exactly
+    resumed_optimizer = adam(settings.lr)
+    longer = TrainSettings(recipe="fast", epochs=6, lr=2.0, min_lr=0.02, warmup_epochs=1)
+    resumed, _ = make_scheduler(resumed_optimizer, longer, steps_per_epoch=4)
+    resumed_optimizer.load_state_dict(optimizer.state_dict())
+    resumed.load_state_dict(scheduler.state_dict())
+    assert rates(resumed_optimizer, resumed, 7) == rates(optimizer, scheduler, 7)
+    assert resumed_optimizer.param_groups[0]["lr"] == pytest.approx(0.02)  # the floor at 12
+
+
+def test_warm_up_turns_the_exp_schedule_into_a_per_step_staircase():
+    settings = TrainSettings(lr=1.0, warmup_epochs=0.5, lr_decay=0.5, epochs=3)
+    optimizer = adam(settings.lr)
+    scheduler, per_step = make_scheduler(optimizer, settings, steps_per_epoch=4)
+    assert per_step is True
+    assert rates(optimizer, scheduler, 9) == pytest.approx([0.5, 1, 1, 1, 0.5, 0.5, 0.5, 0.5,
+                                                            0.25])
+
+
+class Scalar(nn.Module):
+    """One weight and an integer buffer: an EMA small enough to follow by hand."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+
+def set_weight(model: Scalar, value: float) -> None:
+    with torch.no_grad():
+        model.w.fill_(value)
+        model.count += 1
+
+
+def test_ema_two_steps_by_hand():
+    model = Scalar()
+    ema = WeightEMA(model, decay=0.5, warmup=False)
+    set_weight(model, 1.0)
+    ema.update(model)  # 0.5 * 0 + 0.5 * 1
+    assert ema.module.w.item() == 0.5 and ema.module.count.item() == 1  # counters copied
+    set_weight(model, 3.0)
+    ema.update(model)  # 0.5 * 0.5 + 0.5 * 3
+    assert ema.module.w.item() == 1.75 and ema.updates == 2
+    assert model.w.item() == 3.0  # the model itself untouched
+
+
+def test_ema_warm_up_two_steps_by_hand():
+    model = Scalar()
+    ema = WeightEMA(model, decay=0.999, warmup=True)
+    assert ema.decay_at(0) == pytest.approx(0.1) and ema.decay_at(1) == pytest.approx(2 / 11)
+    assert ema.decay_at(10**6) == 0.999
+    set_weight(model, 1.0)
+    ema.update(model)  # 0.1 * 0 + 0.9 * 1
+    assert ema.module.w.item() == pytest.approx(0.9)
+    set_weight(model, 3.0)
+    ema.update(model)  # 2/11 * 0.9 + 9/11 * 3
+    assert ema.module.w.item() == pytest.approx(28.8 / 11)
+
+
+def test_ema_state_round_trip_continues_exactly():
+    model = Scalar()
+    ema = WeightEMA(model, decay=0.9)
+    for value in (1.0, 2.0, 4.0):
+        set_weight(model, value)
+        ema.update(model)
+    copy = WeightEMA(Scalar(), decay=0.5, warmup=False)
+    copy.load(ema.module.state_dict(), ema.state())
+    assert (copy.decay, copy.warmup, copy.updates) == (0.9, True, 3)
+    set_weight(model, 8.0)
+    ema.update(model)
+    copy.update(model)
+    assert copy.module.w.item() == ema.module.w.item()
+
+
+def test_ema_decay_must_be_below_one():
+    with pytest.raises(ValueError, match="decay"):
+        WeightEMA(Scalar(), decay=1.0)
