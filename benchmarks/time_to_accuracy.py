@@ -106,7 +106,8 @@ def format_table(rows: list[dict], thresholds: tuple[float, ...]) -> str:
 def recipe_settings(args: argparse.Namespace, recipe: str, device: str) -> TrainSettings:
     """The run of ``recipe`` this benchmark trains."""
     values = dict(recipe=recipe, seed=args.seed, data_dir=args.data_dir, download=args.download,
-                  device=device, out_dir=str(Path(args.out_dir) / recipe), progress=False)
+                  device=device, out_dir=str(Path(args.out_dir) / recipe), progress=False,
+                  precision=args.precision, conv_impl=args.conv_impl)
     if args.tiny:
         values.update(TINY)
     epochs = args.epochs or (None if args.tiny else EPOCHS.get(recipe))
@@ -151,6 +152,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="stop this call's training before an epoch would overrun SECONDS "
                         "(resumable: call again)")
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
+                   help="as `capsnet train --precision` (auto: measured)")
+    p.add_argument("--conv-impl", default="auto",
+                   choices=("auto", "gemm", "native", "channels_last"),
+                   help="as `capsnet train --conv-impl` (auto: measured)")
     p.add_argument("--report-only", action="store_true", help="train nothing; print the table")
     p.add_argument("--tiny", action="store_true",
                    help="a smoke test in seconds on a CPU: small preset, 300 images, 2 epochs")

@@ -9,6 +9,8 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+INPUT_NORMS = ("none", "image")  # capsnet.layers.input_norm
+
 
 def conv_output_size(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:
     """Spatial size after a convolution (floor division, as in ``nn.Conv2d``)."""
@@ -42,8 +44,14 @@ class CapsNetConfig:
     dataset: str = "mnist"  # what the model was trained on (decides how own images are prepared)
     class_names: tuple[str, ...] = ()  # the classes' names, index order; () = "0", "1", ...
     uncropped_size: int | None = None  # trained on crops: the side of the images cut from
+    # How images meet Conv1: 'none' (the paper's pixels in [0, 1]) or 'image' (each image
+    # standardised; capsnet.layers.input_norm). Chosen by the data: input_norm_for().
+    input_norm: str = "none"
 
     def __post_init__(self) -> None:
+        if self.input_norm not in INPUT_NORMS:
+            raise ValueError(f"unknown input_norm {self.input_norm!r}; choose from "
+                             f"{', '.join(INPUT_NORMS)}")
         if self.primary_grid < 1:
             raise ValueError(
                 f"image size {self.image_size} is too small for the conv kernels "
@@ -84,13 +92,17 @@ class CapsNetConfig:
 
 @dataclass(frozen=True)
 class CNNConfig:
-    """The paper's baseline CNN: three 5x5 conv layers, FC 328, FC 192, dropout."""
+    """The paper's baseline CNN: three 5x5 conv layers, FC 328, FC 192, dropout.
+
+    ``pool`` > 1 max-pools by that factor after every convolution (the paper's CNN has no
+    pooling; the ``tiny`` preset, a plain small CNN, pools by 2)."""
 
     image_size: int = 28
     in_channels: int = 1
     num_classes: int = 10
     conv_channels: tuple[int, ...] = (256, 256, 128)
     conv_kernel: int = 5
+    pool: int = 1
     fc_hidden: tuple[int, ...] = (328, 192)
     dropout: float = 0.5
     dataset: str = "mnist"  # what the model was trained on (decides how own images are prepared)
@@ -100,6 +112,14 @@ class CNNConfig:
     def __post_init__(self) -> None:
         _freeze_tuples(self, "conv_channels", "fc_hidden", "class_names")
         _check_data_fields(self)
+        if self.feature_grid < 1:
+            raise ValueError(f"image size {self.image_size} is too small for "
+                             f"{len(self.conv_channels)} poolings by {self.pool}")
+
+    @property
+    def feature_grid(self) -> int:
+        """Side of the last convolution's output (the image's side without pooling)."""
+        return self.image_size // self.pool ** len(self.conv_channels)
 
 
 def _freeze_tuples(config, *names: str) -> None:
@@ -127,6 +147,18 @@ def class_names(config) -> list[str]:
 # filling the frame; MNIST's crop-to-ink and 20x20 fit would change them, so they are only
 # resized like any other dataset's.
 DIGIT_DATASETS = ("mnist",)
+
+
+def input_norm_for(dataset: str, requested: str = "auto") -> str:
+    """The input normalisation of a CapsNet trained on ``dataset``: the paper's raw pixels
+    for the digit datasets it was made for, each image standardised for every other data
+    (dense grounds stall the paper's model at chance). ``requested`` other than 'auto' wins."""
+    if requested != "auto":
+        if requested not in INPUT_NORMS:
+            raise ValueError(f"unknown input normalisation {requested!r}; choose from auto, "
+                             f"{', '.join(INPUT_NORMS)}")
+        return requested
+    return "none" if dataset in DIGIT_DATASETS else "image"
 
 
 def is_digit_model(config) -> bool:
@@ -169,6 +201,13 @@ PRESETS: dict[str, dict[str, dict]] = {
     "small": {
         "capsnet": {"conv1_channels": 32, "primary_types": 8, "decoder_hidden": (64, 128)},
         "cnn": {"conv_channels": (16, 16, 8), "fc_hidden": (32, 24)},
+    },
+    # A plain small CNN to measure CapsNet against on own data: two 5x5 convolutions (16, 32)
+    # each followed by 2x2 max-pooling, FC 64 (0.11M parameters at 28x28, 0.15M for 32x32
+    # RGB). For CapsNet the name means the 'small' sizes.
+    "tiny": {
+        "capsnet": {"conv1_channels": 32, "primary_types": 8, "decoder_hidden": (64, 128)},
+        "cnn": {"conv_channels": (16, 32), "pool": 2, "fc_hidden": (64,), "dropout": 0.25},
     },
     # Half the paper's channels, the paper's FC sizes: on the affNIST 40x40 canvas the CNN
     # has about the paper CNN's 28x28 parameter count (the full one has twice as many).

@@ -109,7 +109,7 @@ def routing_trace(model: nn.Module, images: torch.Tensor) -> RoutingTrace:
         x = to_model_input(x)  # (B, C, H, W) in [0, 1]
     B = x.shape[0]
     with autocast_to(device, getattr(model, "compute_dtype", None)):
-        h = torch.relu(model.conv1(x))  # (B, 256, 20, 20)
+        h = torch.relu(model.conv1(model.input_norm(x)))  # (B, 256, 20, 20)
         u = model.primary_caps(h)  # (B, I, 8) float32
     with torch.autocast(device_type=device.type, enabled=False):
         u_hat = model.digit_caps.predictions(full_precision(u))  # (B, J, I, D)

@@ -7,7 +7,7 @@ import sys
 
 from torch import nn
 
-from capsnet.config import PRESETS
+from capsnet.config import INPUT_NORMS, PRESETS
 from capsnet.data.datasets import DATASET_NAMES
 from capsnet.data.folder import FolderDatasetError, format_skipped_warning
 from capsnet.data.idx import IDXError
@@ -20,7 +20,14 @@ from capsnet.loading import CheckpointError, load_model
 from capsnet.models.precision import PRECISIONS
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.recipes import FAST_RECIPE, PAPER_RECIPE, RECIPES, SCHEDULES
-from capsnet.training.settings import CNN_LR, PAPER_LR, TrainSettings, resumed_settings
+from capsnet.training.settings import (
+    CNN_LR,
+    DEFAULT_VAL_SIZE,
+    PAPER_LR,
+    VAL_FRACTION_INVERSE,
+    TrainSettings,
+    resumed_settings,
+)
 from capsnet.tuning import tune_for_inference
 
 # Errors shown as 'capsnet: error: <message>' with no traceback.
@@ -125,8 +132,10 @@ def add_recipe_args(p: argparse.ArgumentParser, models=("capsnet", "cnn")) -> No
     add_image_args(p)
     p.add_argument("--subset", type=int, default=None,
                    help="train on the first N images of the training pool")
-    p.add_argument("--val-size", type=int, default=DEFAULTS.val_size,
-                   help="validation images held out of the training set (0: train on all)")
+    p.add_argument("--val-size", type=int, default=None,
+                   help=f"validation images held out of the training set (0: train on all; "
+                        f"default: {DEFAULT_VAL_SIZE}, or a tenth of a training pool smaller "
+                        f"than {DEFAULT_VAL_SIZE * VAL_FRACTION_INVERSE})")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     add_device_arg(p)
     add_speed_args(p)
@@ -184,6 +193,10 @@ def add_image_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--crop", type=int, default=None, metavar="N",
                    help="train on random N x N crops (instead of shifts), evaluate the centre "
                         "crop (the cifar10 preset crops 24x24)")
+    p.add_argument("--input-norm", default="auto", choices=("auto", *INPUT_NORMS),
+                   help="CapsNet: how images meet Conv1: 'none' (the paper's pixels), 'image' "
+                        "(each image standardised), 'auto' (none for MNIST, image for "
+                        "every other dataset)")
     p.add_argument("--skip-bad-images", action="store_true",
                    help="folder datasets: skip unreadable image files with a warning listing "
                         "them, instead of stopping at the first")

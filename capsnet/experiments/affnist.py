@@ -86,7 +86,7 @@ class AffnistTask(Task):
 
     def prepare(self, device: torch.device) -> None:
         s = self.settings
-        if s.val_size < 1:
+        if s.val_size is not None and s.val_size < 1:
             raise ValueError("affNIST training needs held-out validation digits (val_size > 0)")
         self.canvas = s.canvas or CANVAS
         self.data = prepare_data(s, device)

@@ -97,7 +97,7 @@ class MultiMnistTask(Task):
         s = self.settings
         if s.model != "capsnet":
             raise ValueError("MultiMNIST training is for CapsNet (its two active capsules)")
-        if s.val_size < 1:
+        if s.val_size is not None and s.val_size < 1:
             raise ValueError("MultiMNIST training needs held-out validation digits "
                              "(val_size > 0)")
         self.data = d = prepare_data(s, device)

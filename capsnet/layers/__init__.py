@@ -2,9 +2,10 @@
 from capsnet.layers.decoder import Decoder
 from capsnet.layers.digit_caps import DigitCaps
 from capsnet.layers.gemm_conv import GemmConv2d
+from capsnet.layers.input_norm import InputNorm
 from capsnet.layers.primary_caps import PrimaryCaps
 from capsnet.layers.routing import dynamic_routing
 from capsnet.layers.squash import full_precision, squash
 
-__all__ = ["Decoder", "DigitCaps", "GemmConv2d", "PrimaryCaps", "dynamic_routing",
+__all__ = ["Decoder", "DigitCaps", "GemmConv2d", "InputNorm", "PrimaryCaps", "dynamic_routing",
            "full_precision", "squash"]

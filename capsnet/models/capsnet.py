@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from capsnet.config import CapsNetConfig
-from capsnet.layers import Decoder, DigitCaps, GemmConv2d, PrimaryCaps, full_precision
+from capsnet.layers import Decoder, DigitCaps, GemmConv2d, InputNorm, PrimaryCaps, full_precision
 from capsnet.models.precision import autocast_to
 
 
@@ -19,6 +19,7 @@ class CapsuleOutput(NamedTuple):
 
 class CapsNet(nn.Module):
     """Input images (B, C, H, W) scaled to [0, 1]; output :class:`CapsuleOutput`.
+    ``config.input_norm`` says how they meet Conv1; the decoder reconstructs them as given.
 
     The decoder is fed the poses masked by ``labels`` when given (training), else by
     the longest capsule (inference). ``compute_dtype`` (None: float32; set by
@@ -29,6 +30,7 @@ class CapsNet(nn.Module):
     def __init__(self, config: CapsNetConfig = CapsNetConfig()):
         super().__init__()
         cfg = self.config = config
+        self.input_norm = InputNorm(cfg.input_norm)  # no parameters: the paper's model is kept
         self.conv1 = GemmConv2d(cfg.in_channels, cfg.conv1_channels, kernel_size=cfg.conv1_kernel)
         self.primary_caps = PrimaryCaps(cfg.conv1_channels, cfg.primary_types, cfg.primary_dim,
                                         cfg.primary_kernel, cfg.primary_stride)
@@ -42,7 +44,7 @@ class CapsNet(nn.Module):
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
         with autocast_to(x.device, self.compute_dtype):
-            h = torch.relu(self.conv1(x))  # (B, 256, 20, 20)
+            h = torch.relu(self.conv1(self.input_norm(x)))  # (B, 256, 20, 20)
             u = self.primary_caps(h)  # (B, 1152, 8) float32
             v = self.digit_caps(u)  # (B, 10, 16) float32
             lengths = torch.linalg.vector_norm(v, dim=-1)  # (B, 10)

@@ -10,10 +10,11 @@ from capsnet.models.precision import autocast_to
 
 
 class CNNBaseline(nn.Module):
-    """Three 'same'-padded 5x5 conv layers with ReLU, then FC 328 -> FC 192 -> classes,
-    with dropout before the last layer. Input (B, C, H, W); output logits (B, classes),
-    float32. ``compute_dtype`` (None: float32) is the autocast dtype of the whole network;
-    the convolutions' implementation is chosen like CapsNet's (:mod:`capsnet.tuning`)."""
+    """Three 'same'-padded 5x5 conv layers with ReLU (each max-pooled when ``config.pool``
+    > 1), then FC 328 -> FC 192 -> classes, with dropout before the last layer. Input
+    (B, C, H, W); output logits (B, classes), float32. ``compute_dtype`` (None: float32) is
+    the autocast dtype of the whole network; the convolutions' implementation is chosen
+    like CapsNet's (:mod:`capsnet.tuning`)."""
 
     def __init__(self, config: CNNConfig = CNNConfig()):
         super().__init__()
@@ -23,8 +24,10 @@ class CNNBaseline(nn.Module):
         for c_in, c_out in zip(channels[:-1], channels[1:], strict=False):
             convs += [GemmConv2d(c_in, c_out, cfg.conv_kernel, padding=cfg.conv_kernel // 2),
                       nn.ReLU(inplace=True)]
+            if cfg.pool > 1:
+                convs.append(nn.MaxPool2d(cfg.pool))
         self.features = nn.Sequential(*convs)
-        sizes = (cfg.conv_channels[-1] * cfg.image_size**2, *cfg.fc_hidden)
+        sizes = (cfg.conv_channels[-1] * cfg.feature_grid**2, *cfg.fc_hidden)
         fcs: list[nn.Module] = []
         for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=False):
             fcs += [nn.Linear(n_in, n_out), nn.ReLU(inplace=True)]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from capsnet.config import PRESET_CROPS
+from capsnet.config import PRESET_CROPS, input_norm_for
 from capsnet.data.augment import center_crop
 from capsnet.data.datasets import FOLDER, ImageDataset, load_dataset
 from capsnet.data.folder import format_skipped_warning
@@ -18,7 +18,7 @@ from capsnet.training.distributed import World
 from capsnet.training.loop import StepOptions, evaluate, predict_scores, train_one_epoch
 from capsnet.training.runner import Log, Progress, Task, run_task
 from capsnet.training.scores import save_test_scores
-from capsnet.training.settings import TrainSettings
+from capsnet.training.settings import TrainSettings, validation_size
 
 
 @dataclass
@@ -73,7 +73,8 @@ def load_run_datasets(settings: TrainSettings, log: Log = print) -> tuple[ImageD
 def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print) -> RunData:
     """Load the dataset, carve the validation split, apply --subset, move to ``device``."""
     train, test = load_run_datasets(settings, log)
-    train_idx, val_idx = stratified_split(train.labels, settings.val_size, settings.seed)
+    val_size = validation_size(settings.val_size, len(train.labels))
+    train_idx, val_idx = stratified_split(train.labels, val_size, settings.seed)
     if settings.subset is not None:
         train_idx = train_idx[: settings.subset]
     crop = settings.crop or PRESET_CROPS.get(settings.preset)
@@ -87,8 +88,9 @@ def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print
 def data_overrides(settings: TrainSettings, data: RunData, image_size: int | None = None) -> dict:
     """What the data decides in the model's config: input size (``image_size`` for a
     canvas), channels, classes and their names, the dataset's name, and with training crops
-    the side of the images they are cut from."""
-    return {"image_size": image_size or data.model_size, "in_channels": data.train.channels,
+    the side of the images they are cut from; for CapsNet how images meet Conv1."""
+    return {"input_norm": input_norm_for(settings.dataset, settings.input_norm),
+            "image_size": image_size or data.model_size, "in_channels": data.train.channels,
             "num_classes": len(data.train.classes), "class_names": tuple(data.train.classes),
             "dataset": settings.dataset,
             "uncropped_size": data.train.image_size[0] if data.crop else None}

@@ -91,7 +91,7 @@ def summarise(settings: TrainSettings, seeds: list[int], errors: list[float],
         ensemble = ensemble_of_checkpoints(settings, checkpoints)
         source = "checkpoints"
     mean, std = mean_std(errors)
-    protocol = ("validation-selected epoch per seed" if settings.val_size > 0
+    protocol = ("validation-selected epoch per seed" if settings.val_size != 0
                 else "final epoch per seed (no validation split)")
     return {"seeds": seeds, "protocol": protocol, "test_errors": errors,
             "test_error_mean": mean, "test_error_std": std,

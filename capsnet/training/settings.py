@@ -34,9 +34,10 @@ class TrainSettings:
     crop: int | None = None  # random crops in training (instead of shifts), centre crop to evaluate
     image_size: int | None = None  # resize the images to N x N (default: their own size)
     channels: int | None = None  # 1 (grey) or 3 (RGB); default: the data's own
+    input_norm: str = "auto"  # CapsNet: 'none', 'image' or 'auto' (config.input_norm_for)
     skip_bad_images: bool = False  # folders: skip unreadable files (with a warning), don't fail
     subset: int | None = None  # train on the first N images of the training pool
-    val_size: int = 5000  # held out of the training set, stratified; 0 for none
+    val_size: int | None = None  # held out, stratified; 0 for none; None: validation_size()
     seed: int = 0
     device: str = "auto"
     precision: str = "auto"  # 'auto' (measured), 'fp32' or 'bf16' (autocast; routing in float32)
@@ -76,7 +77,7 @@ class TrainSettings:
 # The wide CNN baselines do not learn at the paper's Adam 1e-3: the 'half' CNN on the
 # affNIST canvas (102,400 inputs to its first FC layer; the paper-width CNN has 100,352 at
 # 28x28) ended its first epoch at loss 2.303 = ln 10, chance accuracy; at 1e-4 it learns.
-# The 'small' CNN (6,272 inputs) learns at 1e-3.
+# The 'small' and 'tiny' CNNs (6,272 and 1,568 inputs) learn at 1e-3.
 PAPER_LR = 1e-3
 CNN_LR = 1e-4
 
@@ -84,7 +85,7 @@ CNN_LR = 1e-4
 def default_lr(model: str, preset: str) -> float:
     """The Adam learning rate of a run that names none: the paper's, but CNN_LR for the
     wide CNN baselines."""
-    return CNN_LR if model == "cnn" and preset != "small" else PAPER_LR
+    return CNN_LR if model == "cnn" and preset not in ("small", "tiny") else PAPER_LR
 
 
 # Settings a recipe fills when a run leaves them None (the learning rate: see __post_init__).
@@ -101,6 +102,19 @@ def check_schedule(s: TrainSettings) -> None:
                          f"not {s.warmup_epochs}")
     if not 0.0 <= s.ema_decay < 1.0:
         raise ValueError(f"ema_decay must be in [0, 1) (0: no moving average), not {s.ema_decay}")
+
+
+# The validation split when none is asked for: DEFAULT_VAL_SIZE images (MNIST's 5,000 of
+# 60,000), or a tenth of a smaller training pool (own data of a few thousand images).
+DEFAULT_VAL_SIZE = 5000
+VAL_FRACTION_INVERSE = 10
+
+
+def validation_size(requested: int | None, pool: int) -> int:
+    """Validation images to hold out of a training pool of ``pool`` images."""
+    if requested is not None:
+        return requested
+    return min(DEFAULT_VAL_SIZE, pool // VAL_FRACTION_INVERSE)
 
 
 # Always taken from the command that resumes a run; the rest are the run's own settings.
