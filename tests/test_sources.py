@@ -260,3 +260,13 @@ def test_fashion_mnist_from_system_dir():
     test = load_split("fashion-mnist", "test", download=False, verify=True)
     assert test.images.shape == (10000, 28, 28) and test.num_classes == NUM_CLASSES
     assert file_md5(paths["train_labels"]) == DATASETS["fashion-mnist"].files["train_labels"][1]
+
+
+
+def test_a_directory_of_mnist_is_not_taken_for_fashion_mnist(mnist_dir):
+    # MNIST and Fashion-MNIST share their file names: a $CAPSNET_DATA_DIR holding MNIST was
+    # read as Fashion-MNIST (digits under clothing names); their test labels tell them apart
+    from capsnet.data.sources import DATASETS, find_files
+
+    assert find_files(mnist_dir, DATASETS["mnist"]) is not None
+    assert find_files(mnist_dir, DATASETS["fashion-mnist"]) is None

@@ -165,7 +165,22 @@ def find_files(directory: Path, spec: DatasetSpec) -> dict[str, Path] | None:
         if path is None:
             return None
         found[key] = path
+    if holds_another_dataset(found, spec):
+        return None
     return found
+
+
+def holds_another_dataset(found: dict[str, Path], spec: DatasetSpec) -> bool:
+    """True when the test labels are those of another known dataset: MNIST and
+    Fashion-MNIST share their file names, so one directory (e.g. $CAPSNET_DATA_DIR) holding
+    MNIST must not be read as Fashion-MNIST. The test labels are 10 KB: checking them costs
+    nothing; files of unknown content (a variant of the user's) are taken as before."""
+    try:
+        md5 = file_md5(found["test_labels"])
+    except IDXError:
+        return False  # a damaged file: reading it reports the error with its name
+    return any(other.files["test_labels"][1] == md5 for other in DATASETS.values()
+               if other.name != spec.name)
 
 
 def dataset_dirs(name: str, data_dir: str | os.PathLike | None = None,
