@@ -50,7 +50,7 @@ from capsnet.tuning import (  # noqa: E402
     cpu_info,
     native_bf16,
 )
-from capsnet.tuning.plan import synchronize  # noqa: E402
+from capsnet.tuning.timing import synchronize  # noqa: E402
 
 REFERENCES = ("seed-style", "broadcast-style")
 # torch.compile modes of the compiled cases; 'reduce-overhead' replays CUDA graphs (GPU only,
