@@ -60,18 +60,20 @@ class LiveTensorBytes(TorchDispatchMode):
         return out
 
 
-def measured_peak(config, batch_size: int, precision: str = "fp32", impl: str = "gemm",
-                  steps: int = 2) -> int:
+def measured_peak(config, batch_size: int, precision: str = "fp32",
+                  impl: str | dict[str, str] = "gemm", steps: int = 2) -> int:
     """Peak bytes of live CPU tensors over the last of ``steps`` training steps of a fresh
     model (as capsnet's loop runs them: forward, zero_grad, backward, Adam), counting the
-    parameters and the batch."""
+    parameters and the batch. ``impl``: every convolution's implementation, or a plan's
+    (layer -> implementation)."""
     from capsnet.losses import model_loss
     from capsnet.models import build_model
     from capsnet.tuning import SpeedPlan, apply_plan, conv_layers
 
     torch.manual_seed(0)
     model = build_model(config)
-    apply_plan(model, SpeedPlan(precision, {name: impl for name, _ in conv_layers(model)}))
+    impls = impl if isinstance(impl, dict) else {name: impl for name, _ in conv_layers(model)}
+    apply_plan(model, SpeedPlan(precision, impls))
     optimizer = torch.optim.Adam(model.parameters())
     x = torch.rand(batch_size, config.in_channels, config.image_size, config.image_size)
     y = torch.randint(0, config.num_classes, (batch_size,))
