@@ -20,6 +20,7 @@ from capsnet.tuning.timing import (
     contenders,
     interleaved_medians,
     timing_schedule,
+    warm_up_calls,
 )
 
 CPU = torch.device("cpu")
@@ -137,7 +138,7 @@ def test_a_gpu_schedule_times_every_candidate_every_round():
 
 def test_a_cpu_schedule_drops_clearly_slower_candidates_and_stops_at_the_deadline():
     fns = [lambda i=i: i for i in range(3)]
-    cpu = TimingSchedule(warmup=1, repeats=3, drop_ratio=1.25)
+    cpu = TimingSchedule(warmup=1, repeats=3, drop_ratio=1.25, warm_all=False)
     clock = FakeClock([1.0, 1.1, 2.0])
     assert interleaved_medians(fns, CPU, cpu, clock=clock) == [1.0, 1.1, 2.0]
     assert clock.samples == [3, 3, 1]  # the slow one ran one round
@@ -146,16 +147,39 @@ def test_a_cpu_schedule_drops_clearly_slower_candidates_and_stops_at_the_deadlin
     assert clock.samples == [1, 1, 1]  # past the budget: one round only
     assert contenders([1.0, 1.2, 1.3], 1.25) == [0, 1] and contenders([3.0], None) == [0]
     assert contenders([2.0, 2.4], 1.25, bar=1.0) == []  # a rival precision did better
+    assert contenders([1.02, 1.0, 1.04], 1.25, tie=1.05) == [1]  # a tie: the fastest, done
 
 
-def test_a_rival_precisions_best_drops_a_candidate_after_its_first_call():
-    """float32 after bf16 ran the layer in 1 s: a float32 candidate whose warm-up call took
-    3 s is timed no more; one at 1.2 s is timed as usual."""
-    fns = [lambda i=i: i for i in range(2)]
-    cpu = TimingSchedule(warmup=1, repeats=3, drop_ratio=1.25, cold_drop_ratio=1.5)
-    clock = FakeClock([3.0, 1.2])
-    assert interleaved_medians(fns, CPU, cpu, bar=1.0, clock=clock) == [3.0, 1.2]
-    assert clock.samples == [1, 2]  # a cold call; a cold call and a round (then alone)
+def test_a_cpu_warms_up_once_per_layer_a_gpu_every_candidate():
+    """On a CPU only a layer's first call pays for growing the heap: one warm-up call, none
+    when a rival precision timed the layer already; on a GPU every candidate autotunes."""
+    cpu, gpu = CPU_SCHEDULE, timing_schedule("cuda")
+    fns = [lambda: 0, lambda: 1, lambda: 2]
+    assert warm_up_calls(fns, cpu, bar=float("inf")) == fns[:1]
+    assert warm_up_calls(fns, cpu, bar=1.0) == []
+    assert warm_up_calls(fns, gpu, bar=1.0) == fns
+    calls = [0, 0]
+    counted = [lambda i=i: calls.__setitem__(i, calls[i] + 1) or i for i in range(2)]
+    interleaved_medians(counted, CPU, cpu, clock=lambda fn, device, inner: float(fn()) + 1.0)
+    assert calls == [2, 1]  # a warm-up call and a timed one; one timed call (then dropped)
+
+
+def test_a_spent_budget_skips_the_whole_step_check(monkeypatch):
+    monkeypatch.setattr(plan_module, "low_precisions", lambda device: [])
+
+    class OutOfTime:
+        def __call__(self, name, impls, precision):
+            return {impl: 1.0 + 0.1 * k for k, impl in enumerate(impls)}
+
+        def in_context(self, *args):
+            pytest.fail("whole steps timed after the budget")
+
+        def out_of_time(self):
+            return True
+
+    plan = choose_plan(CapsNet(TINY), CPU, 8, measure=OutOfTime(), use_cache=False)
+    assert plan.budget_spent and not plan.context_timings
+    assert "time budget reached" in plan.describe()
 
 
 # --- devices ----------------------------------------------------------------------------------

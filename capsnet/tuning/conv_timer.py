@@ -4,7 +4,8 @@ timed alone on inputs of its real shape, dtype and layout, and whole steps of th
 Timing follows the device's :class:`~capsnet.tuning.timing.TimingSchedule`. The timer
 remembers each layer's best time across precisions, so that the implementations of a
 precision that cannot win (say float32, once bf16 ran the same layer twice as fast) are
-timed once and dropped, and it stops extra rounds at the schedule's time budget.
+timed once and dropped, and it stops extra rounds (and :meth:`ConvTimer.out_of_time`
+tells the plan to skip the whole-step check) at the schedule's time budget.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from torch import nn
 from capsnet.layers.gemm_conv import GemmConv2d
 from capsnet.losses import model_loss
 from capsnet.models.precision import PRECISIONS, autocast_to
-from capsnet.tuning.timing import TimingSchedule, interleaved_medians, timing_schedule
+from capsnet.tuning.timing import TimingSchedule, interleaved_medians, past, timing_schedule
 
 
 def conv_layers(model: nn.Module) -> list[tuple[str, GemmConv2d]]:
@@ -76,6 +77,10 @@ class ConvTimer:
                 layers[n].set_impl(impl)
             model.train(training)
             model.zero_grad(set_to_none=True)
+
+    def out_of_time(self) -> bool:
+        """True once the schedule's time budget is spent: no optional measurement starts."""
+        return past(self.deadline)
 
     def _medians(self, fns, bar: float = math.inf) -> list[float]:
         return interleaved_medians(fns, self.device, self.schedule, bar=bar,

@@ -1,12 +1,13 @@
 """How candidates are timed against each other: in turns, per device type a schedule.
 
 On a GPU, kernels run asynchronously: a sample is several calls between two CUDA events
-(one synchronisation per sample, not per call), after warm-up calls that let cuDNN's
-autotuner settle, and ten or more samples per candidate. On a CPU a call takes long and its
-time is what it is: after one warm-up call and one timed round, candidates clearly slower
-than the best (:func:`contenders`) are timed no more, and further rounds stop at a time
-budget. Everything that decides here takes plain values, so the GPU schedule is tested on a
-CPU.
+(one synchronisation per sample, not per call), after warm-up calls of every candidate that
+let cuDNN's autotuner settle, and ten or more samples per candidate. On a CPU a call takes
+long and its time is what it is: one warm-up call grows the heap (the first call in a
+process pays its page faults; a candidate's own first call costs no more than its later
+ones), then each candidate is timed once, and only those within reach of the best
+(:func:`contenders`) are timed again, until they tie, three rounds, or a time budget.
+Everything that decides here takes plain values, so the GPU schedule is tested on a CPU.
 """
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ class TimingSchedule:
     (None: never). ``rows``: output positions a convolution is timed on (None: the real
     batch); ``context_batch``: the batch of whole training steps (None: the real batch);
     ``budget_s``: seconds after which no further rounds start (None: no limit).
-    ``cold_drop_ratio``: a candidate whose first (warm-up) call already took this many times
-    a rival precision's best is dropped untimed (None: never); a first call is the slowest
-    one, so the margin is wider than ``drop_ratio``."""
+    ``warm_all``: warm-up calls for every candidate (GPU: each has kernels to autotune), or
+    for the first only, when the layer is timed first (CPU: the heap grows once).
+    ``tie_ratio``: rounds stop once every contender is within this factor of the best (a
+    tie: any of them runs as fast; None: never)."""
 
     warmup: int
     repeats: int
@@ -35,14 +37,16 @@ class TimingSchedule:
     rows: int | None = None
     context_batch: int | None = None
     budget_s: float | None = None
-    cold_drop_ratio: float | None = None
+    warm_all: bool = True
+    tie_ratio: float | None = None
 
 
 # A CPU call of PrimaryCaps at batch 128 takes 0.3-3 s: few, long calls. Its convolution
 # is timed at the real batch (the GEMM path's fixed costs make small batches misleading);
 # smaller layers get enough images for 8192 output positions, whole steps 32 images.
 CPU_SCHEDULE = TimingSchedule(warmup=1, repeats=3, min_repeats=1, inner=1, drop_ratio=1.25,
-                              rows=8192, context_batch=32, budget_s=10.0, cold_drop_ratio=1.5)
+                              rows=8192, context_batch=32, budget_s=10.0, warm_all=False,
+                              tie_ratio=1.05)
 # A GPU call takes milliseconds: enough of them for CUDA events to resolve, cuDNN's
 # autotuner (cudnn.benchmark) done in the warm-up, and the real batch (a GPU's efficiency
 # depends on it).
@@ -55,13 +59,17 @@ def timing_schedule(device_type: str) -> TimingSchedule:
 
 
 def contenders(seconds: Sequence[float], ratio: float | None,
-               bar: float = float("inf")) -> list[int]:
+               bar: float = float("inf"), tie: float | None = None) -> list[int]:
     """Indices of the candidates still worth timing: within ``ratio`` of the fastest of
-    ``seconds`` and of ``bar`` (the best time a rival of another precision reached)."""
+    ``seconds`` and of ``bar`` (the best time a rival of another precision reached); only
+    the fastest when they are all within ``tie`` of it (more rounds would not pay)."""
     if ratio is None:
         return list(range(len(seconds)))
     best = min(min(seconds), bar)
-    return [i for i, s in enumerate(seconds) if s <= ratio * best]
+    alive = [i for i, s in enumerate(seconds) if s <= ratio * best]
+    if tie is not None and len(alive) > 1 and all(seconds[i] <= tie * best for i in alive):
+        return [min(alive, key=lambda i: seconds[i])]
+    return alive
 
 
 def synchronize(device) -> None:
@@ -107,44 +115,38 @@ def interleaved_medians(fns: Sequence[Callable[[], object]], device,
                         ) -> list[float]:
     """Median seconds of each function, timed in turns (a, b, c, a, b, c, ...) so that a
     host whose speed drifts shifts them all alike. Candidates that fall out of
-    :func:`contenders` keep the median of the rounds they ran (one whose warm-up call took
-    ``cold_drop_ratio`` x ``bar`` keeps that call's time); rounds stop early when one
-    contender is left or at ``deadline`` (``time.perf_counter()`` seconds)."""
+    :func:`contenders` (``bar``: the best a rival precision reached) keep the median of the
+    rounds they ran; rounds stop early when one contender is left or at ``deadline``
+    (``time.perf_counter()`` seconds)."""
     device_type = getattr(device, "type", str(device))
     schedule = schedule or timing_schedule(device_type)
     clock = clock or clock_for(device_type)
+    for fn in warm_up_calls(fns, schedule, bar):
+        for _ in range(schedule.warmup):
+            fn()
     times: list[list[float]] = [[] for _ in fns]
-    alive = _warm_up(fns, device, schedule, bar, clock, times)
+    alive = list(range(len(fns)))
     for done in range(1, schedule.repeats + 1):
-        if not alive:
-            break
         for i in alive:
             times[i].append(clock(fns[i], device, schedule.inner))
         if done < schedule.min_repeats:
             continue
         medians = [statistics.median(times[i]) for i in alive]
-        alive = [alive[k] for k in contenders(medians, schedule.drop_ratio, bar)]
-        if len(alive) <= 1 or (deadline is not None and time.perf_counter() >= deadline):
+        alive = [alive[k] for k in contenders(medians, schedule.drop_ratio, bar,
+                                              schedule.tie_ratio)]
+        if len(alive) <= 1 or past(deadline):
             break
     return [statistics.median(t) for t in times]
 
 
-def _warm_up(fns, device, schedule: TimingSchedule, bar: float, clock,
-             times: list[list[float]]) -> list[int]:
-    """Warm-up calls of every function; the first is timed when a rival's ``bar`` could
-    drop it (its time then stands for the candidate). Returns the indices still in the race."""
-    alive = []
-    for i, fn in enumerate(fns):
-        cold_ratio = schedule.cold_drop_ratio
-        if schedule.warmup and cold_ratio is not None and bar < float("inf"):
-            first = clock(fn, device, 1)
-            if first > cold_ratio * bar:
-                times[i].append(first)
-                continue
-            rest = schedule.warmup - 1
-        else:
-            rest = schedule.warmup
-        for _ in range(rest):
-            fn()
-        alive.append(i)
-    return alive
+def warm_up_calls(fns: Sequence[Callable], schedule: TimingSchedule, bar: float) -> list:
+    """The functions to warm up: all (``warm_all``), else the first, and none when a rival
+    precision has run the same layer already (``bar``: the heap has grown for it)."""
+    if schedule.warm_all:
+        return list(fns)
+    return list(fns[:1]) if bar == float("inf") else []
+
+
+def past(deadline: float | None) -> bool:
+    """True once ``deadline`` (``time.perf_counter()`` seconds) has come."""
+    return deadline is not None and time.perf_counter() >= deadline
