@@ -214,3 +214,44 @@ def test_each_rank_takes_its_own_gpu(local_rank, visible, index):
 def test_more_ranks_than_gpus_is_a_clear_error():
     with pytest.raises(ValueError, match="LOCAL_RANK=2 but this process sees 2 GPUs"):
         cuda_index_for(2, 2)
+
+
+# --- DDP: every rank decides alike ----------------------------------------------------------
+
+def test_a_non_finite_loss_on_another_rank_stops_this_one_too():
+    """The read-back sums the loss over the ranks, so a NaN on rank 1 stops rank 0 at the
+    same step (a rank that stopped alone would leave the others waiting in NCCL)."""
+    from capsnet.training.loop import NonFiniteLossError, checked_mean_loss
+
+    local = torch.tensor(2.0)  # this rank's finite loss sum over 4 images
+    assert checked_mean_loss(local, 4, None, "here") == 0.5
+    other_rank = torch.tensor([float("nan"), 4.0], dtype=torch.float64)
+    with pytest.raises(NonFiniteLossError, match="nan within"):
+        checked_mean_loss(local, 4, lambda t: t + other_rank, "within steps 1-20")
+    assert checked_mean_loss(local, 4, lambda t: 2 * t, "here") == 0.5  # two equal ranks
+
+
+def test_multimnist_validation_is_shared_out_and_summed(monkeypatch):
+    """Each of two ranks evaluates every other pair; summed, the accuracy is one
+    process's, the same number on both ranks."""
+    from capsnet.experiments import multimnist_training as mm
+    from capsnet.experiments.multimnist import pair_set
+    from capsnet.training import distributed
+    from capsnet.training.distributed import World
+
+    torch.manual_seed(0)
+    model = CapsNet(CapsNetConfig(image_size=36, conv1_channels=8, primary_types=2,
+                                  decoder_hidden=(16,)))
+    images = torch.randint(0, 256, (30, 28, 28), dtype=torch.uint8)
+    pairs = pair_set(images, torch.arange(30) % 10, 15, seed=1)
+    whole = mm.evaluate_pairs(model, pairs, batch_size=4)["accuracy"]
+    counts = {}
+
+    def all_reduce_sum(tensor, world):  # what gloo/NCCL would sum: both ranks' counts
+        counts[world.rank] = tensor.clone()
+        return tensor
+
+    monkeypatch.setattr(distributed, "all_reduce_sum", all_reduce_sum)
+    for rank in (0, 1):
+        mm.evaluate_pairs(model, pairs, batch_size=4, world=World(rank=rank, size=2))
+    assert (counts[0] + counts[1]).item() / len(pairs) == pytest.approx(whole)

@@ -55,3 +55,16 @@ def test_repeat_cli_writes_summary(tmp_path, tiny_mnist_dir, capsys):
     assert 0.0 <= summary["ensemble_test_error"] <= 1.0
     assert "validation-selected" in summary["protocol"]
     assert "±" in capsys.readouterr().out
+
+
+def test_only_rank_zero_builds_the_ensemble_and_writes_the_summary(tmp_path, monkeypatch):
+    """Under torchrun every rank trains each seed; ranks other than 0 neither load the
+    models for the ensemble nor race rank 0 to summary.json."""
+    import capsnet.training.repeat as repeat
+    from capsnet.training.settings import TrainSettings
+
+    monkeypatch.setattr(repeat, "fit", lambda run, argv=None: {"final": {"error": 0.1}})
+    monkeypatch.setattr(repeat, "summarise", lambda *a: pytest.fail("rank 1 summarised"))
+    monkeypatch.setattr(repeat, "env_ranks", lambda: (1, 2, 1))
+    assert repeat.repeat_recipe(TrainSettings(), [1, 2], tmp_path) is None
+    assert not (tmp_path / "summary.json").exists()

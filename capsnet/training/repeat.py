@@ -15,15 +15,17 @@ from torch import nn
 from capsnet.data.model_view import load_test_set
 from capsnet.devices import pick_device
 from capsnet.loading import model_from_checkpoint
+from capsnet.training.distributed import env_ranks
 from capsnet.training.fit import fit
 from capsnet.training.loop import predict_scores
 from capsnet.training.settings import TrainSettings
 
 
 def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | Path,
-                  argv: list[str] | None = None) -> dict:
+                  argv: list[str] | None = None) -> dict | None:
     """Train ``settings`` once per seed into ``out_dir/seed-N``, then summarise (also
-    written to ``out_dir/summary.json``)."""
+    written to ``out_dir/summary.json``). Under torchrun every process trains and only
+    rank 0 summarises and writes; the other ranks return None."""
     if not seeds:
         raise ValueError("at least one seed is needed")
     out = Path(out_dir)
@@ -33,6 +35,8 @@ def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | 
         results = fit(run, argv=argv)
         errors.append(results.get("best", results["final"])["error"])
         checkpoints.append(Path(run.out_dir) / "best.pt")
+    if env_ranks()[0] != 0:  # each fit has left its process group: the rank is torchrun's
+        return None
     summary = summarise(settings, list(seeds), errors, checkpoints)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
