@@ -95,6 +95,24 @@ def test_a_gpu_plan_is_keyed_by_capability_and_cudnn_not_cpu_threads():
     assert cpu["threads"] == 2 and "capability" not in cpu
 
 
+def test_tune_backends_for_a_gpu_sets_cudnn_and_matmul_flags(monkeypatch):
+    """tune_backends' CUDA branch only sets process flags, which a CPU build holds too."""
+    from capsnet.devices import tune_backends
+
+    cudnn = torch.backends.cudnn
+    before = (cudnn.benchmark, cudnn.deterministic, torch.get_float32_matmul_precision())
+    try:
+        torch.set_float32_matmul_precision("high")  # as the old code left it: TF32
+        tune_backends(torch.device("cuda", 1))
+        assert cudnn.benchmark and not cudnn.deterministic
+        assert torch.get_float32_matmul_precision() == "highest"
+        tune_backends(torch.device("cuda"), deterministic=True)
+        assert cudnn.deterministic and not cudnn.benchmark
+    finally:
+        cudnn.benchmark, cudnn.deterministic = before[:2]
+        torch.set_float32_matmul_precision(before[2])
+
+
 def test_backend_flags_keep_matmuls_float32_and_offer_deterministic_cudnn():
     assert backend_flags("cuda") == {"matmul_precision": "highest", "cudnn_benchmark": True,
                                      "cudnn_deterministic": False}
@@ -255,3 +273,19 @@ def test_multimnist_validation_is_shared_out_and_summed(monkeypatch):
     for rank in (0, 1):
         mm.evaluate_pairs(model, pairs, batch_size=4, world=World(rank=rank, size=2))
     assert (counts[0] + counts[1]).item() / len(pairs) == pytest.approx(whole)
+
+
+def test_evaluating_a_model_sets_the_backends_as_training_did(monkeypatch):
+    """`evaluate` (and every command loading a model) applies tune_backends, so that on a
+    GPU it runs the kernels the run did (no TF32 matmuls) and writes the same cache key."""
+    import argparse
+
+    import capsnet.cli.args as cli_args
+
+    seen = []
+    monkeypatch.setattr(cli_args, "tune_backends",
+                        lambda device, deterministic=False: seen.append((device, deterministic)))
+    args = argparse.Namespace(checkpoint=None, device="cpu", precision="fp32", conv_impl="gemm",
+                              deterministic=True)
+    cli_args.load_cli_model(args)
+    assert seen == [(CPU, True)]
