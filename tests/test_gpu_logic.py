@@ -182,21 +182,41 @@ def test_a_cpu_warms_up_once_per_layer_a_gpu_every_candidate():
     assert calls == [2, 1]  # a warm-up call and a timed one; one timed call (then dropped)
 
 
-def test_a_spent_budget_skips_the_whole_step_check(monkeypatch):
+def test_a_second_precision_is_screened_on_a_quarter_of_the_images():
+    """float32 after bf16 timed PrimaryCaps in 1.0 s: each float32 candidate runs once on a
+    quarter of the batch beside bf16's fastest; the clearly slower ones are timed no more,
+    their time scaled to the full batch; the close one is timed as usual."""
+    from capsnet.tuning.conv_timer import ConvTimer
+
+    timer = ConvTimer(CapsNet(TINY), CPU, 64, "train")
+    timer.best["primary_caps.conv"] = (1.0, "bf16", "native")
+    quarter = iter([0.1, 0.2, 0.3, 0.11])  # bf16's fastest, then gemm, native, channels_last
+    timer._clock = lambda fn, device, inner: (fn(), next(quarter))[1]
+    seconds = timer("primary_caps.conv", ("gemm", "native", "channels_last"), "fp32")
+    assert seconds["gemm"] == pytest.approx(2.0) and seconds["native"] == pytest.approx(3.0)
+    assert seconds["channels_last"] < 1.0  # timed for real: the tiny layer takes milliseconds
+    assert timer.best["primary_caps.conv"][1:] == ("fp32", "channels_last")
+
+
+def test_a_spent_budget_is_said_and_the_whole_step_check_still_runs(monkeypatch):
+    """Past the budget rounds are cut short, but the cheaper layers are still checked in
+    whole steps: alone, their short calls are the noisiest."""
     monkeypatch.setattr(plan_module, "low_precisions", lambda device: [])
 
     class OutOfTime:
-        def __call__(self, name, impls, precision):
-            return {impl: 1.0 + 0.1 * k for k, impl in enumerate(impls)}
+        def __call__(self, name, impls, precision):  # conv1 the cheaper layer
+            scale = 0.1 if name == "conv1" else 1.0
+            return {impl: scale * (1.0 + 0.1 * k) for k, impl in enumerate(impls)}
 
-        def in_context(self, *args):
-            pytest.fail("whole steps timed after the budget")
+        def in_context(self, name, impls, precision, choices):
+            return {impl: 2.0 - 0.1 * k for k, impl in enumerate(impls)}
 
         def out_of_time(self):
             return True
 
     plan = choose_plan(CapsNet(TINY), CPU, 8, measure=OutOfTime(), use_cache=False)
-    assert plan.budget_spent and not plan.context_timings
+    assert plan.budget_spent and plan.context_timings
+    assert plan.conv_impls["conv1"] == "channels_last"  # the whole steps' choice
     assert "time budget reached" in plan.describe()
 
 

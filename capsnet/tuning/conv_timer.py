@@ -4,8 +4,9 @@ timed alone on inputs of its real shape, dtype and layout, and whole steps of th
 Timing follows the device's :class:`~capsnet.tuning.timing.TimingSchedule`. The timer
 remembers each layer's best time across precisions, so that the implementations of a
 precision that cannot win (say float32, once bf16 ran the same layer twice as fast) are
-timed once and dropped, and it stops extra rounds (and :meth:`ConvTimer.out_of_time`
-tells the plan to skip the whole-step check) at the schedule's time budget.
+timed once on a quarter of the images beside that best and dropped, and it stops extra
+rounds at the schedule's time budget (the whole-step check still runs, one round past the
+budget: it guards the cheaper layers' choices, whose calls are short and noisy).
 """
 from __future__ import annotations
 
@@ -19,7 +20,13 @@ from torch import nn
 from capsnet.layers.gemm_conv import GemmConv2d
 from capsnet.losses import model_loss
 from capsnet.models.precision import PRECISIONS, autocast_to
-from capsnet.tuning.timing import TimingSchedule, interleaved_medians, past, timing_schedule
+from capsnet.tuning.timing import (
+    TimingSchedule,
+    clock_for,
+    interleaved_medians,
+    past,
+    timing_schedule,
+)
 
 
 def conv_layers(model: nn.Module) -> list[tuple[str, GemmConv2d]]:
@@ -38,17 +45,43 @@ class ConvTimer:
         self.schedule = schedule or timing_schedule(device.type)
         self.layers = dict(conv_layers(model))
         self.input_shapes = _input_shapes(model, device, list(self.layers))
-        self.best: dict[str, float] = {}  # layer -> its fastest time in any precision
+        self.best: dict[str, tuple[float, str, str]] = {}  # layer -> fastest (s, precision, impl)
+        self._clock = clock_for(device.type)
         budget = self.schedule.budget_s
         self.deadline = None if budget is None else time.perf_counter() + budget
 
     def __call__(self, name: str, impls: tuple[str, ...], precision: str) -> dict[str, float]:
         conv = self.layers[name]
-        x = self._input(name, conv, precision)
-        fns = [self._run(_with_impl(conv, impl), x, precision) for impl in impls]
-        seconds = self._medians(fns, self.best.get(name, math.inf))
-        self.best[name] = min([*seconds, self.best.get(name, math.inf)])
-        return dict(zip(impls, seconds, strict=True))
+        rival = self.best.get(name)  # (seconds, precision, impl): the fastest run so far
+        seconds = self._screen(name, conv, impls, precision, rival) if rival else {}
+        timed = [impl for impl in impls if impl not in seconds]
+        if timed:
+            x = self._input(name, conv, precision)
+            fns = [self._run(_with_impl(conv, impl), x, precision) for impl in timed]
+            bar = rival[0] if rival else math.inf
+            seconds.update(zip(timed, self._medians(fns, bar), strict=True))
+        fastest = min(timed or impls, key=seconds.get)
+        if rival is None or seconds[fastest] < rival[0]:
+            self.best[name] = (seconds[fastest], precision, fastest)
+        return {impl: seconds[impl] for impl in impls}
+
+    def _screen(self, name: str, conv: GemmConv2d, impls: tuple[str, ...], precision: str,
+                rival: tuple[float, str, str]) -> dict[str, float]:
+        """A layer a rival precision has timed already: every candidate runs once on a
+        fraction of the images beside the rival's fastest; those clearly slower (past the
+        schedule's drop ratio) are timed no more, their time scaled to the full batch."""
+        batch, fraction = self._layer_batch(name), self.schedule.screen_fraction
+        small = max(1, round(batch * (fraction or 1.0)))
+        if fraction is None or small == batch:
+            return {}
+        seconds, rival_precision, rival_impl = rival
+        runs = [(rival_impl, rival_precision), *((impl, precision) for impl in impls)]
+        fns = [self._run(_with_impl(conv, impl), self._input(name, conv, p, small), p)
+               for impl, p in runs]
+        times = [self._clock(fn, self.device, 1) for fn in fns]
+        scale = seconds / times[0]
+        return {impl: scale * t for impl, t in zip(impls, times[1:], strict=True)
+                if t > self.schedule.drop_ratio * times[0]}
 
     def in_context(self, name: str, impls: tuple[str, ...], precision: str,
                    choices: dict[str, str]) -> dict[str, float]:
@@ -79,7 +112,7 @@ class ConvTimer:
             model.zero_grad(set_to_none=True)
 
     def out_of_time(self) -> bool:
-        """True once the schedule's time budget is spent: no optional measurement starts."""
+        """True once the schedule's time budget is spent (rounds are cut short since)."""
         return past(self.deadline)
 
     def _medians(self, fns, bar: float = math.inf) -> list[float]:
@@ -117,9 +150,10 @@ class ConvTimer:
                     self.model(x)
         return step
 
-    def _input(self, name: str, conv: GemmConv2d, precision: str) -> torch.Tensor:
+    def _input(self, name: str, conv: GemmConv2d, precision: str,
+               batch: int | None = None) -> torch.Tensor:
         C, H, W = self.input_shapes[name]
-        batch = self._layer_batch(name)
+        batch = batch or self._layer_batch(name)
         names = list(self.layers)
         first = names.index(name) == 0
         # A generator of its own: measuring must not move the run's random state.

@@ -59,7 +59,7 @@ class SpeedPlan:
     measure_seconds: float = 0.0
     source: str = "given"
     machine: dict = field(default_factory=dict)
-    budget_spent: bool = False  # measuring reached its time budget: fewer rounds, no whole steps
+    budget_spent: bool = False  # measuring reached its time budget: fewer rounds
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -71,7 +71,7 @@ class SpeedPlan:
     def describe(self) -> str:
         """One line for the run log."""
         convs = ", ".join(f"{name} {impl}" for name, impl in self.conv_impls.items())
-        spent = "; time budget reached, whole steps not timed" if self.budget_spent else ""
+        spent = "; time budget reached: fewer rounds" if self.budget_spent else ""
         how = {"measured": f"measured in {self.measure_seconds:.1f} s{spent}",
                "cache": "from the cache of earlier measurements",
                "checkpoint": "kept from the resumed run",
@@ -196,6 +196,7 @@ def _measure_plan(model: nn.Module, layers, options: dict[str, list[str]],
         plan.conv_impls = chosen[plan.precision]
         if hasattr(measure, "in_context"):
             _refine_in_context(plan, options, measure)
+        plan.budget_spent = getattr(measure, "out_of_time", lambda: False)()
     finally:
         for name, conv in layers:
             conv.set_impl(before[name])
@@ -223,9 +224,6 @@ def _refine_in_context(plan: SpeedPlan, options: dict[str, list[str]], measure) 
     for name in sorted(best_alone, key=best_alone.get):
         if name == dominant or len(options[name]) < 2:
             continue
-        if getattr(measure, "out_of_time", lambda: False)():
-            plan.budget_spent = True
-            return
         times = measure.in_context(name, tuple(options[name]), plan.precision, plan.conv_impls)
         plan.context_timings[name] = times
         plan.conv_impls = {**plan.conv_impls, name: min(times, key=times.get)}

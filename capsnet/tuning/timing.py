@@ -27,7 +27,10 @@ class TimingSchedule:
     ``warm_all``: warm-up calls for every candidate (GPU: each has kernels to autotune), or
     for the first only, when the layer is timed first (CPU: the heap grows once).
     ``tie_ratio``: rounds stop once every contender is within this factor of the best (a
-    tie: any of them runs as fast; None: never)."""
+    tie: any of them runs as fast; None: never). ``screen_fraction``: a layer's candidates
+    in a second precision first run once on this share of the images beside the rival
+    precision's best, and only those within ``drop_ratio`` of it at that size are timed
+    (None: no screening)."""
 
     warmup: int
     repeats: int
@@ -39,6 +42,7 @@ class TimingSchedule:
     budget_s: float | None = None
     warm_all: bool = True
     tie_ratio: float | None = None
+    screen_fraction: float | None = None
 
 
 # A CPU call of PrimaryCaps at batch 128 takes 0.3-3 s: few, long calls. Its convolution
@@ -46,7 +50,7 @@ class TimingSchedule:
 # smaller layers get enough images for 8192 output positions, whole steps 32 images.
 CPU_SCHEDULE = TimingSchedule(warmup=1, repeats=3, min_repeats=1, inner=1, drop_ratio=1.25,
                               rows=8192, context_batch=32, budget_s=10.0, warm_all=False,
-                              tie_ratio=1.05)
+                              tie_ratio=1.05, screen_fraction=0.25)
 # A GPU call takes milliseconds: enough of them for CUDA events to resolve, cuDNN's
 # autotuner (cudnn.benchmark) done in the warm-up, and the real batch (a GPU's efficiency
 # depends on it).
