@@ -48,9 +48,10 @@ from capsnet.tuning import (  # noqa: E402
     choose_plan,
     conv_layers,
     cpu_info,
+    low_precisions,
     native_bf16,
 )
-from capsnet.tuning.plan import synchronize  # noqa: E402
+from capsnet.tuning.timing import synchronize  # noqa: E402
 
 REFERENCES = ("seed-style", "broadcast-style")
 # torch.compile modes of the compiled cases; 'reduce-overhead' replays CUDA graphs (GPU only,
@@ -59,12 +60,23 @@ COMPILE_MODES = {"compile": "default", "cudagraphs": "reduce-overhead"}
 SHOWN_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
+def case_precisions(device_type: str, low: list[str]) -> list[str]:
+    """The precisions a device's forced cases run in: on a CPU float32 and bf16 (emulated
+    where not native, to show what it costs); on a GPU float32 and its native 16-bit
+    precision ``low`` (bf16 from sm_80, fp16 on V100/T4: no bf16 cases a GPU emulates)."""
+    if device_type == "cpu":
+        return ["fp32", "bf16"]
+    if device_type == "cuda":
+        return ["fp32", *low]
+    return ["fp32"]
+
+
 def cases_for(device: torch.device, skip_reference: bool = False) -> list[str]:
     """Every case this device runs: the references, the default, each forced path."""
     cases = [] if skip_reference else list(REFERENCES)
     cases.append("capsnet")
     impls = CONV_IMPLS if device.type == "cpu" else CONV_IMPLS[1:]
-    precisions = PRECISIONS if device.type in ("cpu", "cuda") else ["fp32"]
+    precisions = case_precisions(device.type, low_precisions(device))
     cases += [f"capsnet-{p}-{impl}" for p in precisions for impl in impls]
     if device.type == "cuda":
         cases.append("capsnet-compile")
@@ -245,7 +257,8 @@ def peak_resident_mb() -> float:
 
 def describe_device(device: torch.device) -> str:
     if device.type == "cuda":
-        return f"GPU {torch.cuda.get_device_name(device)}"
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"GPU {torch.cuda.get_device_name(device)} (sm_{major}{minor})"
     model, flags = cpu_info()
     shown = [f for f in SHOWN_CPU_FLAGS if f in flags]
     return (f"CPU {model} ({', '.join(shown) or 'no AVX flags read'}), "

@@ -22,11 +22,22 @@ def pick_device(name: str = "auto") -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    if device.type == "cuda":
+        check_cuda_device(device, torch.cuda.device_count() if torch.cuda.is_available() else 0)
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {name!r} requested but MPS is not available")
     return device
+
+
+def check_cuda_device(device: torch.device, visible: int) -> None:
+    """ValueError (one line) when ``device`` is not among the ``visible`` CUDA GPUs."""
+    if visible == 0:
+        raise ValueError(f"device {str(device)!r} requested but CUDA is not available "
+                         f"(no GPU visible to torch {torch.__version__}); use --device cpu")
+    if device.index is not None and device.index >= visible:
+        raise ValueError(f"device {str(device)!r} requested but only {visible} CUDA "
+                         f"device{'s are' if visible > 1 else ' is'} visible "
+                         f"(cuda:0{f'..cuda:{visible - 1}' if visible > 1 else ''})")
 
 
 def keep_freed_memory() -> bool:
@@ -48,12 +59,29 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
-def tune_backends(device: torch.device, reuse_freed_memory: bool = True) -> None:
-    """Process-wide speed settings for a training or benchmark run on ``device``:
-    heap reuse for CPU tensors (``keep_freed_memory``), cuDNN autotuning for the
-    fixed-size convolutions and TF32 matmuls on GPUs."""
+def backend_flags(device_type: str, deterministic: bool = False) -> dict:
+    """The process settings :func:`tune_backends` applies on a device type.
+
+    Matrix products stay IEEE float32 everywhere ("highest"): DigitCaps' prediction
+    vectors, the routing and (in a float32 plan) the decoder are float32 as the model
+    promises, not TF32 on Ampere and later GPUs. cuDNN autotunes the fixed-size
+    convolutions unless ``deterministic`` asks for reproducible algorithms instead; its
+    convolutions keep torch's default of TF32 on those GPUs (the arithmetic-heavy part,
+    where a bf16 plan goes further anyway)."""
+    flags = {"matmul_precision": "highest"}
+    if device_type == "cuda":
+        flags.update(cudnn_benchmark=not deterministic, cudnn_deterministic=deterministic)
+    return flags
+
+
+def tune_backends(device: torch.device, reuse_freed_memory: bool = True,
+                  deterministic: bool = False) -> None:
+    """Process-wide settings for a run on ``device`` (training, evaluation, a benchmark):
+    heap reuse for CPU tensors (``keep_freed_memory``) and :func:`backend_flags`."""
     if device.type == "cpu" and reuse_freed_memory:
         keep_freed_memory()
+    flags = backend_flags(device.type, deterministic)
+    torch.set_float32_matmul_precision(flags["matmul_precision"])
     if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
-        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.benchmark = flags["cudnn_benchmark"]
+        torch.backends.cudnn.deterministic = flags["cudnn_deterministic"]

@@ -85,9 +85,17 @@ def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def as_image_tensor(images: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """uint8 images as a tensor: a tensor stays where it is (a GPU tensor is no numpy array),
+    anything else becomes a CPU tensor."""
+    if isinstance(images, torch.Tensor):
+        return images
+    return torch.as_tensor(np.asarray(images), dtype=torch.uint8)
+
+
 def image_batch(images: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
     """uint8 images (N, H, W) or (N, C, H, W) -> float model input (N, C, H, W) on ``device``."""
-    return to_model_input(torch.as_tensor(np.asarray(images), dtype=torch.uint8, device=device))
+    return to_model_input(as_image_tensor(images).to(device=device, dtype=torch.uint8))
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -109,7 +117,7 @@ def run_model(model: nn.Module, images: np.ndarray | torch.Tensor,
     model.eval()
     device = model_device(model)
     scores, poses, recons = [], [], []
-    for chunk in torch.as_tensor(np.asarray(images)).split(batch_size):
+    for chunk in as_image_tensor(images).split(batch_size):
         out = model(image_batch(chunk, device))
         scores.append(class_scores(out).float())  # (b, J)
         if isinstance(out, CapsuleOutput):
@@ -127,6 +135,9 @@ def predict_prepared(model: nn.Module, images: np.ndarray | torch.Tensor, source
     if len(images) == 0:
         return []
     scores, poses, recons = run_model(model, images)  # (N, J), (N, J, D), (N, C, H, W)
+    # read back once: per-element reads of device tensors would each wait for the GPU
+    scores = scores.cpu()
+    poses = None if poses is None else poses.cpu()
     k = min(top_k, scores.shape[1])
     best_scores, best = scores.topk(k, dim=1)  # (N, k)
     shown = display_images(images)  # (N, H, W) or (N, H, W, 3)
@@ -236,7 +247,7 @@ def pick_examples(labels: torch.Tensor, predictions: torch.Tensor, count: int,
     """Indices (K,) of the first ``count`` examples, then the first ``misclassified``
     mis-classified examples not already among them (fewer if there are not enough)."""
     first = torch.arange(min(count, len(labels)), device=labels.device)  # (count,)
-    wrong = torch.nonzero(predictions != labels).flatten()  # (W,)
+    wrong = torch.nonzero(predictions.to(labels.device) != labels).flatten()  # (W,)
     wrong = wrong[wrong >= len(first)][:misclassified]
     return torch.cat([first, wrong])  # (K,)
 
@@ -250,6 +261,7 @@ def predict_until(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
     """Predicted classes (n,) of images[:n] (N, [C,] H, W), n the smallest multiple of
     SEARCH_CHUNK (or N) covering ``count`` images and ``misclassified`` errors after them."""
     predictions = []
+    labels = labels.cpu()  # compared with the predictions, read back to the CPU
     for start in range(0, len(images), SEARCH_CHUNK):
         scores, _, _ = run_model(model, images[start:start + SEARCH_CHUNK])  # (b, J)
         predictions.append(scores.argmax(dim=1).cpu())
@@ -269,6 +281,7 @@ def first_of_each_class(model: nn.Module, images: torch.Tensor, labels: torch.Te
     if bad:
         raise ValueError(f"classes must be in 0..{num_classes - 1}, got {bad}")
     predictions = run_model(model, images)[0].argmax(dim=1).cpu()  # (N,)
+    labels = labels.cpu()
     chosen = []
     for c in classes:
         right = torch.nonzero((labels == c) & (predictions == c)).flatten()

@@ -75,9 +75,12 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
 
 def model_from_checkpoint(path_or_payload, map_location: Any = "cpu",
                           expected_model: str | None = None) -> nn.Module:
-    """Rebuild the model a checkpoint describes and load its weights (eval mode)."""
+    """Rebuild the model a checkpoint describes and load its weights (eval mode) on the
+    device ``map_location`` names. A file is mapped on the CPU and only its weights are
+    read and moved: the optimiser state of a training checkpoint (twice the weights) is
+    never loaded, and a checkpoint written on a GPU loads on a machine without one."""
     from_file = not isinstance(path_or_payload, dict)
-    payload = load_checkpoint(path_or_payload, map_location) if from_file else path_or_payload
+    payload = load_checkpoint(path_or_payload, "cpu", mmap=True) if from_file else path_or_payload
     where = f"{path_or_payload}: " if from_file else ""
     name = payload["model"]
     if expected_model is not None and name != expected_model:

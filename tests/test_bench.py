@@ -42,3 +42,10 @@ def test_broadcast_reference_routes_like_capsnet():
     x = torch.rand(2, 1, 28, 28, dtype=torch.float64)
     u = ref.primary(torch.relu(ref.conv1(x)))  # (B, 1152, 8)
     torch.testing.assert_close(model.digit_caps(u), ref.digits(u))
+
+
+def test_gpu_cases_run_only_the_precisions_the_gpu_computes_natively():
+    assert bench.case_precisions("cuda", ["bf16"]) == ["fp32", "bf16"]  # A100, H100
+    assert bench.case_precisions("cuda", ["fp16"]) == ["fp32", "fp16"]  # V100, T4: no bf16
+    assert bench.case_precisions("cuda", []) == ["fp32"]
+    assert bench.case_precisions("cpu", []) == ["fp32", "bf16"]  # emulated bf16, to compare

@@ -11,10 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import campaign_runs, gpu_campaign
+from benchmarks.campaign_health import health_check, print_health
 from benchmarks.campaign_runs import Budget
 from capsnet.training.metrics_log import read_metrics
+from capsnet.training.settings import TrainSettings
 
 REPO = Path(__file__).resolve().parents[1]
 STAGE_FILES = [f"{stage}.json" for stage in gpu_campaign.STAGES]
@@ -38,8 +41,11 @@ def epochs_logged(run_dir) -> list[int]:
 
 
 def test_importing_the_campaign_pulls_in_no_flask():
+    """The device image has python3, torch, numpy, pillow, matplotlib, safetensors and tqdm
+    only: no Flask, ONNX, SciPy or Playwright may be imported on the way."""
     code = ("import sys; import benchmarks.gpu_campaign; "
-            "assert 'flask' not in sys.modules, 'flask imported'")
+            "absent = {'flask', 'onnx', 'onnxruntime', 'scipy', 'playwright'}; "
+            "assert not absent & set(sys.modules), absent & set(sys.modules)")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, timeout=120)
 
@@ -52,6 +58,44 @@ def test_help_explains_the_stages_and_the_budget(capsys):
     for word in [*gpu_campaign.STAGES, "all", "--minutes", "--out", "--work", "--data-dir",
                  "--device", "--epochs", "--seeds", "--tiny", "--finish"]:
         assert word in text
+
+
+def test_the_health_check_names_the_device_plan_step_and_memory(capsys):
+    settings = TrainSettings(preset="small", precision="fp32", conv_impl="gemm")
+    record = health_check(torch.device("cpu"), settings, batch=4, steps=1)
+    assert record["name"] and record["threads"] >= 1 and record["precision"] == "fp32"
+    assert record["step_ms"] > 0 and record["memory_measured_by"] == "live CPU tensors"
+    assert 0.75 <= record["estimate_over_measured"] <= 1.25
+    print_health(record)
+    out = capsys.readouterr().out
+    assert out.count("health: ") == 3 and "memory estimate" in out
+
+
+def test_a_failed_compile_case_leaves_the_rerun_to_a_call_with_time(tmp_path, monkeypatch):
+    """torch.compile failing late in a call: its error is kept and the other cases wait for
+    the next call instead of overrunning this one; that call runs them without it."""
+    runs = []
+
+    def fake_bench(argv):
+        cases = argv[argv.index("--cases") + 1].split(",")
+        runs.append(cases)
+        if gpu_campaign.COMPILE_CASE in cases:
+            raise RuntimeError("no Triton")
+        (tmp_path / "cases.json").write_text(json.dumps({"cases": dict.fromkeys(cases, {})}))
+
+    monkeypatch.setattr(gpu_campaign.bench, "main", fake_bench)
+    monkeypatch.setattr(gpu_campaign.bench, "cases_for",
+                        lambda device: ["capsnet", gpu_campaign.COMPILE_CASE])
+    args = gpu_campaign.parse_args(["--out", str(tmp_path), "--data-dir", str(tmp_path)])
+    c = gpu_campaign.Campaign(args, torch.device("cpu"), tmp_path, tmp_path, [])
+    record = {}
+    no_time = Budget(time.monotonic() + 10.0)
+    assert gpu_campaign.bench_cases(c, tmp_path, no_time, record) is None
+    assert record["compile_error"].startswith("RuntimeError: no Triton")
+    time_left = Budget(time.monotonic() + 3600.0)
+    done = gpu_campaign.bench_cases(c, tmp_path, time_left, record)
+    assert set(done["cases"]) == {"capsnet"} and "compile_error" in done
+    assert runs == [["capsnet", gpu_campaign.COMPILE_CASE], ["capsnet"]]
 
 
 def test_a_budget_leaves_room_for_setup_an_epoch_and_the_test():
@@ -73,6 +117,11 @@ def test_tiny_campaign_runs_every_stage_then_skips_and_resumes(tiny_mnist_dir, t
     bench = first["bench.json"]
     assert {"capsnet", "capsnet-fp32-gemm", "capsnet-bf16-gemm"} <= set(bench["cases"]["cases"])
     assert bench["epoch"]["epoch_seconds"] > 0 and "skipped" in bench["cuda_graphs"]
+    assert bench["epoch"]["epoch"] == 2 and bench["epoch"]["first_epoch_seconds"] > 0
+    health = json.loads((tmp_path / "out1" / "health.json").read_text())
+    assert health["complete"] and health["step_ms"] > 0 and health["precision"] == "fp32"
+    assert 0.75 <= health["estimate_over_measured"] <= 1.25
+    assert "health: one training step" in (tmp_path / "out1" / "campaign.log").read_text()
     paper = first["paper.json"]
     assert [run["epochs_done"] for run in paper["seeds"]] == [1, 1, 1]
     assert all("best" in run["test"] for run in paper["seeds"])

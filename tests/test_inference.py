@@ -16,11 +16,15 @@ from capsnet.data.augment import to_model_input
 from capsnet.inference import (
     Prediction,
     decode_pose,
+    first_of_each_class,
     perturb_capsule,
     perturbation_deltas,
     perturbation_grid,
     pick_examples,
     predict,
+    predict_prepared,
+    predict_until,
+    run_model,
     to_uint8,
 )
 from capsnet.loading import CheckpointError, load_model
@@ -145,6 +149,30 @@ def test_pick_examples_adds_misclassified_after_the_first():
     assert pick_examples(labels, predictions, 3, 2).tolist() == [0, 1, 2, 4, 6]
     assert pick_examples(labels, predictions, 3, 9).tolist() == [0, 1, 2, 4, 6, 7]
     assert pick_examples(labels, predictions, 0, 1).tolist() == [0]
+
+
+def test_tensors_are_never_made_numpy_arrays(model, monkeypatch):
+    """Image tensors go to the model as tensors (a CUDA tensor is no numpy array), results
+    are read back in one piece, and labels on another device than the predictions are
+    brought together (on a CPU: the same code, numpy refusing tensors as for CUDA)."""
+    import capsnet.inference as inference
+
+    def refuse(value, *args, **kwargs):
+        assert not isinstance(value, torch.Tensor), "np.asarray on a tensor"
+        return np.asarray(value, *args, **kwargs)
+
+    monkeypatch.setattr(inference.np, "asarray", refuse)
+    images = torch.randint(0, 256, (6, 1, 28, 28), dtype=torch.uint8)
+    labels = torch.tensor([0, 1, 2, 3, 4, 5])
+    scores, poses, recons = run_model(model, images, batch_size=4)
+    assert scores.shape == (6, 10) and poses.shape[:2] == (6, 10)
+    [p] = predict_prepared(model, images[:1], ["t"])
+    assert p.lengths == pytest.approx(scores[0].tolist(), abs=1e-5)
+    assert predict_until(model, images, labels, 2, 0).shape == (6,)
+    predicted = scores.argmax(1)
+    present = [int(c) for c in labels.unique()]
+    assert len(first_of_each_class(model, images, labels, present)) == len(present)
+    assert pick_examples(labels, predicted, 2, 1).numel() >= 2
 
 
 # ---- `capsnet predict` -------------------------------------------------------------------

@@ -115,3 +115,17 @@ def test_repeat_saves_test_scores_and_continues_where_it_stopped(tmp_path, tiny_
     capsys.readouterr()
     assert main([*command, "--batch-size", "50"]) == 1  # not the runs' recipe
     assert "other settings (batch_size 20, not 50)" in last_error_line(capsys)
+
+
+def test_only_rank_zero_builds_the_ensemble_and_writes_the_summary(tmp_path, monkeypatch):
+    """Under torchrun every rank trains each seed; ranks other than 0 neither load the
+    models for the ensemble nor race rank 0 to summary.json."""
+    import capsnet.training.repeat as repeat
+    from capsnet.training.settings import TrainSettings
+
+    monkeypatch.setattr(repeat, "run_seed", lambda run, argv=None, log=print:
+                        {"final": {"error": 0.1}})
+    monkeypatch.setattr(repeat, "summarise", lambda *a: pytest.fail("rank 1 summarised"))
+    monkeypatch.setattr(repeat, "env_ranks", lambda: (1, 2, 1))
+    assert repeat.repeat_recipe(TrainSettings(), [1, 2], tmp_path) is None
+    assert not (tmp_path / "summary.json").exists()

@@ -61,7 +61,7 @@ def _own_cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def bf16_cpu(monkeypatch):
-    monkeypatch.setattr(plan_module, "native_bf16", lambda device: True)
+    monkeypatch.setattr(plan_module, "low_precisions", lambda device: ["bf16"])
 
 
 def test_fastest_implementation_of_each_layer_and_precision_wins(bf16_cpu):
@@ -114,7 +114,7 @@ def test_bf16_only_when_measurably_faster(bf16_cpu):
 
 
 def test_no_bf16_candidate_without_native_bf16(monkeypatch):
-    monkeypatch.setattr(plan_module, "native_bf16", lambda device: False)
+    monkeypatch.setattr(plan_module, "low_precisions", lambda device: [])
     measure = FakeTimings(FAST_BF16)
     plan = choose_plan(CapsNet(TINY), CPU, 128, measure=measure)
     assert plan.precision == "fp32" and {c[2] for c in measure.calls} == {"fp32"}

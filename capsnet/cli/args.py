@@ -14,7 +14,7 @@ from capsnet.data.idx import IDXError
 from capsnet.data.image_dataset import ImageDataset
 from capsnet.data.model_view import load_test_set
 from capsnet.data.sources import DataNotFoundError
-from capsnet.devices import pick_device
+from capsnet.devices import pick_device, tune_backends
 from capsnet.layers.gemm_conv import CONV_IMPLS
 from capsnet.loading import CheckpointError, load_model
 from capsnet.models.precision import PRECISIONS
@@ -29,10 +29,11 @@ from capsnet.training.settings import (
     resumed_settings,
 )
 from capsnet.tuning import tune_for_inference
+from capsnet.tuning.memory import MemoryExceeded
 
 # Errors shown as 'capsnet: error: <message>' with no traceback.
 USER_ERRORS = (IDXError, DataNotFoundError, CheckpointError, FolderDatasetError,
-               NonFiniteLossError, FileNotFoundError, ValueError)
+               NonFiniteLossError, MemoryExceeded, FileNotFoundError, ValueError)
 DEFAULTS = TrainSettings()
 # Options a resumed run takes from the resuming command only when they are given there.
 RESUME_OPTIONAL_OVERRIDES = ("lr_decay",)
@@ -80,12 +81,16 @@ def add_speed_args(parser: argparse.ArgumentParser) -> None:
     """--precision and --conv-impl: measured on this machine unless forced."""
     parser.add_argument("--precision", default="auto", choices=["auto", *PRECISIONS],
                         help="auto: bf16 autocast where the device computes bf16 natively and "
-                             "measurably faster, else fp32 (routing, squash and losses stay "
-                             "float32)")
+                             "measurably faster (on GPUs without bf16, such as V100 and T4: "
+                             "fp16 with gradient scaling), else fp32 (routing, squash and "
+                             "losses stay float32)")
     parser.add_argument("--conv-impl", default="auto", choices=["auto", *CONV_IMPLS],
                         help="convolution path: auto (the fastest measured on this machine, "
                              "cached), gemm (per-kernel-row matrix products, CPU), native "
                              "(oneDNN/cuDNN, NCHW) or channels_last")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="GPUs: deterministic cuDNN algorithms instead of autotuned ones "
+                             "(reproducible to the bit on one GPU, slower)")
 
 
 def add_model_args(parser: argparse.ArgumentParser, checkpoint: str | None = "option") -> None:
@@ -106,8 +111,9 @@ def load_cli_model(args: argparse.Namespace, source: str | None = None) -> nn.Mo
     """The model named by --checkpoint (or ``source``, or the shipped one) on the --device,
     in eval mode, running as --precision and --conv-impl say. A measurement (once per
     machine; cached) is reported on stderr, away from JSON output."""
-    model = load_model(source if source is not None else args.checkpoint,
-                       pick_device(args.device))
+    device = pick_device(args.device)
+    tune_backends(device, deterministic=args.deterministic)  # as training ran: no TF32 matmuls
+    model = load_model(source if source is not None else args.checkpoint, device)
     plan = tune_for_inference(model, next(model.parameters()).device, args.precision,
                               args.conv_impl)
     if plan.source == "measured":

@@ -27,7 +27,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if not seeds:
         raise ValueError("--seeds needs at least one seed")
     settings = settings_from_args(args)
-    print(format_summary(repeat_recipe(settings, seeds, args.out_dir, argv)))
+    summary = repeat_recipe(settings, seeds, args.out_dir, argv)
+    if summary is not None:  # rank 0 (or the one process) summarises
+        print(format_summary(summary))
     return 0
 
 

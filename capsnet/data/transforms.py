@@ -195,21 +195,40 @@ def place_on_canvas(images: torch.Tensor, canvas: int,
                     generator: torch.Generator | None = None) -> torch.Tensor:
     """Put each image (N, H, W) at a uniformly random integer position on a black
     ``canvas`` x ``canvas`` image (centred when ``generator`` is None). Returns (N, canvas, canvas)
-    in the same dtype, by one gather, no resampling. ``generator`` lives on images' device."""
+    in the same dtype, by one gather, no resampling. ``generator`` lives on images' device
+    (:func:`canvas_offsets` draws positions on a generator of another device)."""
     N, H, W = images.shape
+    top, left = canvas_offsets(N, (H, W), canvas, generator, images.device)
+    return place_at(images, canvas, top, left)
+
+
+def canvas_offsets(n: int, size: tuple[int, int], canvas: int,
+                   generator: torch.Generator | None = None,
+                   device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Top and left offsets (n,) of images of ``size`` (H, W) on a ``canvas``: uniformly
+    random integers drawn from ``generator`` (on its own device), or centred without one;
+    returned on ``device``."""
+    H, W = size
     if canvas < max(H, W):
         raise ValueError(f"canvas {canvas} is smaller than the {H}x{W} images")
-    device = images.device
     if generator is None:
-        top = torch.full((N,), (canvas - H) // 2, device=device)
-        left = torch.full((N,), (canvas - W) // 2, device=device)
-    else:
-        u = torch.rand(N, 2, device=device, generator=generator)  # (N, 2): a row per image
-        top = (u[:, 0] * (canvas - H + 1)).long().clamp_max(canvas - H)  # (N,)
-        left = (u[:, 1] * (canvas - W + 1)).long().clamp_max(canvas - W)  # (N,)
+        return (torch.full((n,), (canvas - H) // 2, device=device),
+                torch.full((n,), (canvas - W) // 2, device=device))
+    u = torch.rand(n, 2, device=generator.device, generator=generator)  # (n, 2): a row per image
+    top = (u[:, 0] * (canvas - H + 1)).long().clamp_max(canvas - H)  # (n,)
+    left = (u[:, 1] * (canvas - W + 1)).long().clamp_max(canvas - W)  # (n,)
+    return top.to(device), left.to(device)
+
+
+def place_at(images: torch.Tensor, canvas: int, top: torch.Tensor,
+             left: torch.Tensor) -> torch.Tensor:
+    """Images (N, H, W) with their top-left corners at (top, left) (N,) on a black canvas:
+    (N, canvas, canvas), same dtype and device, by one gather."""
+    N, H, W = images.shape
+    device = images.device
     grid = torch.arange(canvas, device=device)  # (canvas,)
-    rows = grid - top[:, None]  # (N, canvas): source row of each canvas row
-    cols = grid - left[:, None]  # (N, canvas)
+    rows = grid - top.to(device)[:, None]  # (N, canvas): source row of each canvas row
+    cols = grid - left.to(device)[:, None]  # (N, canvas)
     valid = ((rows >= 0) & (rows < H))[:, :, None] & ((cols >= 0) & (cols < W))[:, None, :]
     batch = torch.arange(N, device=device)[:, None, None]
     picked = images[batch, rows.clamp(0, H - 1)[:, :, None], cols.clamp(0, W - 1)[:, None, :]]

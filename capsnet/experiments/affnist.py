@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from capsnet.data.splits import epoch_order
-from capsnet.data.transforms import AffineRanges, affine_set, place_on_canvas
+from capsnet.data.transforms import AffineRanges, affine_set, canvas_offsets, place_at
 from capsnet.experiments import SEED_STRIDE, TEST_SEED
 from capsnet.experiments.robustness import NamedModel
 from capsnet.models import count_parameters
@@ -31,9 +31,12 @@ CANVAS = 40  # affNIST's image size
 
 def placed(images: torch.Tensor, canvas: int, seed: int) -> torch.Tensor:
     """``images`` (N, 28, 28) at seeded random positions on a black canvas (N, canvas, canvas),
-    drawn on the CPU so that a seed gives the same positions on every device."""
-    g = torch.Generator().manual_seed(seed)
-    return place_on_canvas(images.cpu(), canvas, g).to(images.device)
+    on images' device. The positions are drawn on the CPU, so that a seed gives the same
+    positions on every device; only they move, not the images."""
+    N, H, W = images.shape
+    top, left = canvas_offsets(N, (H, W), canvas, torch.Generator().manual_seed(seed),
+                               images.device)  # (N,), (N,)
+    return place_at(images, canvas, top, left)
 
 
 def evaluation_sets(images: torch.Tensor, canvas: int = CANVAS, seed: int = TEST_SEED,
@@ -111,7 +114,8 @@ class AffnistTask(Task):
         order = epoch_order(len(self.labels), s.seed, epoch, world.device)
         order = distributed.shard_order(order, world.rank, world.size)
         options = StepOptions(distributed.per_rank_batch(s.batch_size, world), 0,
-                              s.reconstruction_weight)
+                              s.reconstruction_weight, grad_scaler=self.grad_scaler,
+                              sum_over_ranks=distributed.summer(world))
         result = train_one_epoch(model, optimizer, x, self.labels, order, options,
                                  on_progress=on_progress)
         return {"train_loss": result["loss"], "train_accuracy": result["accuracy"],

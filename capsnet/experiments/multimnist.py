@@ -59,24 +59,45 @@ class DigitPairs:
         return DigitPairs(self.images.to(device), self.labels.to(device), self.digits.to(device))
 
 
+@dataclass(frozen=True)
+class ClassIndex:
+    """The digits of ``labels`` (N,) grouped by class, made once per set of digits (finding
+    the classes present syncs with the host, which a training step should not): present
+    classes (P,) sorted, their counts (P,), the indices (N,) grouped by class, and where
+    each class's group starts (P,). All on labels' device."""
+
+    present: torch.Tensor
+    counts: torch.Tensor
+    by_class: torch.Tensor
+    starts: torch.Tensor
+
+    @classmethod
+    def of(cls, labels: torch.Tensor) -> ClassIndex:
+        present, counts = labels.unique(return_counts=True)  # (P,), (P,) sorted
+        if present.numel() < DIGITS_PER_IMAGE:
+            raise ValueError("MultiMNIST needs digits of at least two classes")
+        by_class = torch.argsort(labels, stable=True)  # (N,): indices grouped by class
+        return cls(present, counts, by_class, torch.cumsum(counts, 0) - counts)
+
+
 def partner_indices(labels: torch.Tensor, first: torch.Tensor,
-                    generator: torch.Generator | None = None) -> torch.Tensor:
+                    generator: torch.Generator | None = None,
+                    index: ClassIndex | None = None) -> torch.Tensor:
     """For each index in ``first`` (M,), a random index (M,) into ``labels`` (N,) whose class
     differs: the class uniformly among the other classes present, then the example uniformly
-    within that class. ``generator`` lives on labels' device."""
+    within that class. ``generator`` lives on labels' device; ``index`` is labels'
+    :class:`ClassIndex` when made already."""
     device = labels.device
-    present, counts = labels.unique(return_counts=True)  # (P,), (P,) sorted
-    if present.numel() < DIGITS_PER_IMAGE:
-        raise ValueError("MultiMNIST needs digits of at least two classes")
-    by_class = torch.argsort(labels, stable=True)  # (N,): indices grouped by class
-    starts = torch.cumsum(counts, 0) - counts  # (P,)
-    own = torch.searchsorted(present, labels[first])  # (M,) position of each first class
-    pick = torch.randint(0, present.numel() - 1, first.shape, device=device,
+    index = index or ClassIndex.of(labels)
+    classes = index.present.numel()
+    own = torch.searchsorted(index.present, labels[first])  # (M,) position of each first class
+    pick = torch.randint(0, classes - 1, first.shape, device=device,
                          generator=generator)  # (M,) among the P - 1 other classes
     other = pick + (pick >= own).long()  # (M,) skip the own class
+    counts = index.counts[other]  # (M,)
     within = (torch.rand(first.shape, device=device, generator=generator)
-              * counts[other]).long().clamp_max(counts[other] - 1)  # (M,)
-    return by_class[starts[other] + within]  # (M,)
+              * counts).long().clamp_max(counts - 1)  # (M,)
+    return index.by_class[index.starts[other] + within]  # (M,)
 
 
 def shift_on_canvas(digits: torch.Tensor, max_shift: int = MAX_SHIFT,
@@ -93,12 +114,13 @@ def overlay(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def make_pairs(images: torch.Tensor, labels: torch.Tensor, first: torch.Tensor,
-               max_shift: int = MAX_SHIFT,
-               generator: torch.Generator | None = None) -> DigitPairs:
+               max_shift: int = MAX_SHIFT, generator: torch.Generator | None = None,
+               index: ClassIndex | None = None) -> DigitPairs:
     """One pair for each index in ``first`` (M,): that digit of ``images`` (N, 28, 28) uint8
-    over a random digit of another class from the same images. Deterministic for a
-    generator state; partners, then the two digits' shifts, are drawn from ``generator``."""
-    second = partner_indices(labels, first, generator)  # (M,)
+    over a random digit of another class from the same images (``index``: their
+    :class:`ClassIndex`, when made already). Deterministic for a generator state;
+    partners, then the two digits' shifts, are drawn from ``generator``."""
+    second = partner_indices(labels, first, generator, index)  # (M,)
     both = torch.stack([first, second], dim=1)  # (M, 2)
     M = both.shape[0]
     digits = shift_on_canvas(images[both.flatten()], max_shift, generator)  # (2M, S, S)

@@ -3,7 +3,6 @@ every epoch, validation pairs from held-out digits, the paper's top-2 test metri
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 
 import torch
@@ -13,6 +12,7 @@ from capsnet.data.augment import to_model_input
 from capsnet.data.splits import epoch_order
 from capsnet.experiments import SEED_STRIDE, TEST_SEED
 from capsnet.experiments.multimnist import (
+    ClassIndex,
     DigitPairs,
     canvas_size,
     make_pairs,
@@ -25,7 +25,7 @@ from capsnet.experiments.multimnist import (
 from capsnet.training import distributed
 from capsnet.training.distributed import World
 from capsnet.training.fit import data_overrides, prepare_data
-from capsnet.training.loop import NonFiniteLossError
+from capsnet.training.loop import StepOptions, backward_and_step, checked_mean_loss
 from capsnet.training.runner import Log, Progress, Task, run_task
 from capsnet.training.settings import TrainSettings
 
@@ -34,41 +34,50 @@ TEST_PAIRS = 10_000
 
 def train_pairs_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
                       labels: torch.Tensor, order: torch.Tensor, batch_size: int, max_shift: int,
-                      reconstruction_weight: float,
-                      generator: torch.Generator | None = None) -> dict:
+                      reconstruction_weight: float, generator: torch.Generator | None = None,
+                      options: StepOptions | None = None) -> dict:
     """One epoch over pairs whose first digits are ``images[order]`` (images (N, 28, 28)
     uint8, labels (N,) on the device) and whose partners and shifts are drawn from
-    ``generator``. Returns {'train_loss', 'train_accuracy'} (accuracy: both digits right)."""
+    ``generator``; ``options`` may add an fp16 gradient scaler and the sum over DDP ranks
+    (its batch size and shift are not read). Returns {'train_loss', 'train_accuracy'}
+    (accuracy: both digits right)."""
+    options = options or StepOptions()
     model.train()
     device = images.device
+    index = ClassIndex.of(labels)  # once per epoch: no host sync per step
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
     for idx in order.split(batch_size):
-        pairs = make_pairs(images, labels, idx, max_shift, generator)  # B pairs (B, S, S)
+        pairs = make_pairs(images, labels, idx, max_shift, generator, index)  # (B, S, S)
         x, digits = model_inputs(pairs)  # (B, 1, S, S), (B, 2, 1, S, S)
         loss, out = pair_loss(model, x, pairs.labels, digits, reconstruction_weight)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        backward_and_step(loss, optimizer, options.grad_scaler)
         loss_sum += loss.detach() * idx.numel()
         correct += pairs_correct(out.lengths.detach(), pairs.labels).sum()
-    mean_loss = loss_sum.item() / max(order.numel(), 1)
-    if not math.isfinite(mean_loss):
-        raise NonFiniteLossError(f"MultiMNIST training loss became {mean_loss}")
-    return {"train_loss": mean_loss, "train_accuracy": correct.item() / max(order.numel(), 1)}
+    checked_mean_loss(loss_sum, order.numel(), options.sum_over_ranks, "in a MultiMNIST epoch")
+    return {"train_loss": loss_sum.item() / max(order.numel(), 1),
+            "train_accuracy": correct.item() / max(order.numel(), 1)}
 
 
 @torch.no_grad()
-def evaluate_pairs(model: nn.Module, pairs: DigitPairs, batch_size: int = 500) -> dict:
+def evaluate_pairs(model: nn.Module, pairs: DigitPairs, batch_size: int = 500,
+                   world: World | None = None) -> dict:
     """The paper's MultiMNIST metric: a pair counts as right when the two most active
-    capsules are its two digits. Returns {'accuracy', 'error', 'pairs'}."""
+    capsules are its two digits. With a ``world`` of several ranks each evaluates every
+    world-th pair and the counts are summed: every rank gets the same numbers. Returns
+    {'accuracy', 'error', 'pairs'}."""
     model.eval()
-    correct = torch.zeros((), device=pairs.images.device, dtype=torch.long)
-    for start in range(0, len(pairs), batch_size):
-        batch = pairs.subset(slice(start, start + batch_size))
+    world = world or World()
+    device = pairs.images.device
+    mine = pairs if not world.distributed else pairs.subset(
+        torch.arange(world.rank, len(pairs), world.size, device=device))  # every world-th
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    for start in range(0, len(mine), batch_size):
+        batch = mine.subset(slice(start, start + batch_size))
         out = model(to_model_input(batch.images))  # lengths (B, J)
         correct += pairs_correct(out.lengths, batch.labels).sum()
-    accuracy = correct.item() / max(len(pairs), 1)
+    accuracy = distributed.all_reduce_sum(correct, world).item() / max(len(pairs), 1)
     return {"accuracy": accuracy, "error": 1.0 - accuracy, "pairs": len(pairs)}
 
 
@@ -121,13 +130,16 @@ class MultiMnistTask(Task):
         order = epoch_order(len(self.images), s.seed, epoch, device)
         order = distributed.shard_order(order, world.rank, world.size)
         g = torch.Generator(device=device).manual_seed(s.seed * SEED_STRIDE + epoch + world.rank)
+        options = StepOptions(grad_scaler=self.grad_scaler,
+                              sum_over_ranks=distributed.summer(world))
         result = train_pairs_epoch(model, optimizer, self.images, self.labels, order,
                                    distributed.per_rank_batch(s.batch_size, world), s.max_shift,
-                                   s.reconstruction_weight, g)
+                                   s.reconstruction_weight, g, options)
         return {**result, "images": len(order)}
 
     def validate(self, model: nn.Module, world: World) -> dict:
-        return {"val_accuracy": evaluate_pairs(model, self.val)["accuracy"]}
+        """Validation pairs shared out to the ranks and their counts summed."""
+        return {"val_accuracy": evaluate_pairs(model, self.val, world=world)["accuracy"]}
 
     def final_report(self, final: nn.Module, best: nn.Module | None, state: dict,
                      log: Log) -> dict:

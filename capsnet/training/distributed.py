@@ -69,12 +69,25 @@ def backend_for(device: torch.device) -> str:
 
 
 def device_for(requested: str, local_rank: int, world_size: int) -> torch.device:
-    """The device of one process: 'auto' or 'cuda' without an index become cuda:LOCAL_RANK
-    when CUDA is available; anything else is taken as given."""
+    """The device of one process: 'auto' or 'cuda' without an index become the GPU of
+    LOCAL_RANK (:func:`cuda_index_for`) when CUDA is available; anything else is taken as
+    given."""
     device = pick_device(requested)
     if world_size > 1 and device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", cuda_index_for(local_rank, torch.cuda.device_count()))
     return device
+
+
+def cuda_index_for(local_rank: int, visible: int) -> int:
+    """The GPU index of the process with ``local_rank`` when ``visible`` GPUs are visible to
+    it: its local rank (torchrun on a machine's GPUs), or 0 when it sees one GPU only (SLURM
+    and other launchers that give each task its own GPU by CUDA_VISIBLE_DEVICES)."""
+    if visible == 1:
+        return 0
+    if not 0 <= local_rank < visible:
+        raise ValueError(f"{ENV_LOCAL_RANK}={local_rank} but this process sees {visible} "
+                         f"GPUs: start at most one process per GPU")
+    return local_rank
 
 
 def setup(requested_device: str = "auto") -> World:
@@ -104,7 +117,7 @@ def teardown(world: World, wait_for_all: bool = False) -> None:
     with "terminate called without an active exception"."""
     if world.owns_group and dist.is_initialized():
         if wait_for_all:
-            dist.barrier()
+            barrier(world)
         dist.destroy_process_group()
 
 
@@ -118,9 +131,17 @@ def local_main_first(world: World) -> Iterator[None]:
     """Run the body on local rank 0 of each machine first (e.g. a download into the
     machine's cache), then on the other ranks."""
     if world.distributed and world.local_rank != 0:
-        dist.barrier()
+        barrier(world)
     yield
     if world.distributed and world.local_rank == 0:
+        barrier(world)
+
+
+def barrier(world: World) -> None:
+    """Wait for every rank; under NCCL on this rank's own GPU (not the one NCCL would guess)."""
+    if world.device.type == "cuda" and world.device.index is not None:
+        dist.barrier(device_ids=[world.device.index])
+    else:
         dist.barrier()
 
 
@@ -162,6 +183,23 @@ def all_reduce_mean(values: list[float], world: World) -> list[float]:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=world.device)  # (K,)
     return (all_reduce_sum(t, world) / world.size).tolist()
+
+
+def summer(world: World):
+    """A function summing a tensor over the ranks (None in a single process): what a
+    training loop needs to decide alike on every rank (a non-finite loss)."""
+    if not world.distributed:
+        return None
+    return lambda tensor: all_reduce_sum(tensor.to(world.device), world)
+
+
+def all_gather_objects(obj, world: World) -> list:
+    """Every rank's picklable ``obj``, in rank order (a one-element list in one process)."""
+    if not world.distributed:
+        return [obj]
+    gathered = [None] * world.size
+    dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def evaluate_sharded(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,

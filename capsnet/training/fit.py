@@ -124,7 +124,9 @@ class ClassifyTask(Task):
         generator = torch.Generator(device=device).manual_seed(
             epoch_seed(s.seed, epoch) + 1 + world.rank)
         options = StepOptions(distributed.per_rank_batch(s.batch_size, world), s.max_shift,
-                              s.reconstruction_weight, crop=self.data.crop)
+                              s.reconstruction_weight, crop=self.data.crop,
+                              grad_scaler=self.grad_scaler,
+                              sum_over_ranks=distributed.summer(world))
         result = train_one_epoch(model, optimizer, self.data.train.images, self.data.train.labels,
                                  order, options, generator, on_progress)
         return {"train_loss": result["loss"], "train_accuracy": result["accuracy"],

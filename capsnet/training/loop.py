@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,6 +27,10 @@ class StepOptions:
     reconstruction_weight: float = 0.0005
     check_every: int = 20  # steps between loss read-backs (finite check, progress)
     crop: int | None = None  # random crops of this size (the paper's CIFAR-10 24x24), not shifts
+    grad_scaler: Any = None  # torch.amp.GradScaler when the model trains in fp16, else None
+    # sums a tensor over the DDP ranks (distributed.summer), so that every rank sees the
+    # same loss at a read-back and stops alike on a non-finite one; None in one process
+    sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
@@ -51,21 +56,47 @@ def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: 
         out = model(x, y)  # in the model's compute precision
         loss = model_loss(out, x, y, options.reconstruction_weight)  # float32
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        backward_and_step(loss, optimizer, options.grad_scaler)
         loss_sum += loss.detach() * idx.numel()
         correct += (class_scores(out).argmax(-1) == y).sum()
         seen += idx.numel()
         if step % options.check_every == 0 or step == len(batches):
-            mean_loss = loss_sum.item() / seen
-            if not math.isfinite(mean_loss):
-                first_step = max(1, step - options.check_every + 1)
-                raise NonFiniteLossError(f"training loss became {mean_loss} within steps "
-                                         f"{first_step}-{step} of the epoch")
+            mean_loss = checked_mean_loss(loss_sum, seen, options.sum_over_ranks,
+                                          f"within steps {max(1, step - options.check_every + 1)}"
+                                          f"-{step} of the epoch")
             if on_progress is not None:
                 on_progress(seen, mean_loss, correct.item() / seen)
     return {"loss": loss_sum.item() / max(seen, 1), "accuracy": correct.item() / max(seen, 1),
             "steps": len(batches)}
+
+
+def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
+                      grad_scaler=None) -> None:
+    """loss.backward() and an optimiser step; with an fp16 ``grad_scaler`` the loss is scaled
+    first, the step skipped when a gradient overflowed, and the scale adapted."""
+    if grad_scaler is None:
+        loss.backward()
+        optimizer.step()
+        return
+    grad_scaler.scale(loss).backward()
+    grad_scaler.step(optimizer)
+    grad_scaler.update()
+
+
+def checked_mean_loss(loss_sum: torch.Tensor, seen: int,
+                      sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None,
+                      where: str) -> float:
+    """The mean loss so far (over every rank with ``sum_over_ranks``, so that all ranks
+    decide alike); NonFiniteLossError naming ``where`` when it is NaN or infinite."""
+    if sum_over_ranks is None:
+        mean_loss = loss_sum.item() / max(seen, 1)
+    else:
+        totals = sum_over_ranks(torch.stack([loss_sum.double(), torch.tensor(
+            float(seen), dtype=torch.float64, device=loss_sum.device)]))  # (2,)
+        mean_loss = (totals[0] / totals[1].clamp_min(1)).item()
+    if not math.isfinite(mean_loss):
+        raise NonFiniteLossError(f"training loss became {mean_loss} {where}")
+    return mean_loss
 
 
 def augment(x: torch.Tensor, options: StepOptions,

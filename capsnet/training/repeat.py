@@ -17,6 +17,7 @@ from torch import nn
 from capsnet.data.model_view import load_test_set
 from capsnet.devices import pick_device
 from capsnet.loading import model_from_checkpoint
+from capsnet.training.distributed import env_ranks
 from capsnet.training.fit import fit
 from capsnet.training.loop import predict_scores
 from capsnet.training.scores import ensemble_from_runs, has_test_scores
@@ -27,10 +28,12 @@ NOT_THE_RECIPE = (*RESUME_OVERRIDES, "out_dir", "data_dir", "download", "compile
 
 
 def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | Path,
-                  argv: list[str] | None = None, log: Callable[[str], None] = print) -> dict:
+                  argv: list[str] | None = None,
+                  log: Callable[[str], None] = print) -> dict | None:
     """Train ``settings`` once per seed into ``out_dir/seed-N`` (or read back, or resume,
     what an earlier call left there), then summarise (also written to
-    ``out_dir/summary.json``)."""
+    ``out_dir/summary.json``). Under torchrun every process trains and only rank 0
+    summarises and writes; the other ranks return None."""
     if not seeds:
         raise ValueError("at least one seed is needed")
     out = Path(out_dir)
@@ -40,6 +43,8 @@ def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | 
         results = run_seed(run, argv, log)
         errors.append(results.get("best", results["final"])["error"])
         checkpoints.append(Path(run.out_dir) / "best.pt")
+    if env_ranks()[0] != 0:  # each fit has left its process group: the rank is torchrun's
+        return None
     summary = summarise(settings, list(seeds), errors, checkpoints)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -24,6 +24,7 @@ from capsnet.config import config_to_dict
 from capsnet.devices import tune_backends
 from capsnet.loading import CheckpointError, load_checkpoint, model_from_checkpoint
 from capsnet.models import unwrap
+from capsnet.models.precision import grad_scaler_for
 from capsnet.training import distributed
 from capsnet.training.checkpoint import atomic_copy, save_checkpoint
 from capsnet.training.distributed import World
@@ -31,13 +32,24 @@ from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.metrics_log import MetricsLog
 from capsnet.training.optimisation import Training, build_training
 from capsnet.training.progress import epoch_progress
+from capsnet.training.rng import rng_state, set_rng_state
 from capsnet.training.settings import TrainSettings, resume_checkpoint
 from capsnet.tuning import (
     SpeedPlan,
     apply_plan,
     choose_plan,
+    current_plan,
     machine_description,
     tune_for_inference,
+)
+from capsnet.tuning.memory import (
+    MemoryEstimate,
+    MemoryExceeded,
+    device_memory,
+    estimate_training_memory,
+    largest_batch,
+    out_of_memory_message,
+    usable_gpu_bytes,
 )
 
 Log = Callable[[str], None]
@@ -48,12 +60,15 @@ Progress = Callable[[int, float, float], None] | None
 class Task:
     """One kind of training run. :func:`run_task` calls, in order: :meth:`prepare` (once per
     machine first, as it may download), :meth:`model_overrides`, :meth:`describe`, then per
-    epoch :meth:`train_epoch` and :meth:`validate`, and at the end :meth:`final_report`."""
+    epoch :meth:`train_epoch` and :meth:`validate`, and at the end :meth:`final_report`.
+    ``grad_scaler`` is the run's ``torch.amp.GradScaler`` when its plan trains in fp16 (None
+    otherwise), set before the first epoch: tasks pass it on in ``StepOptions``."""
 
     name = "task"
 
     def __init__(self, settings: TrainSettings):
         self.settings = settings
+        self.grad_scaler = None
 
     def prepare(self, device: torch.device) -> None:
         """Load the data onto ``device``."""
@@ -108,29 +123,45 @@ def _quiet(_: str) -> None:
 
 def _run(task: Task, resume: str | None, argv, log: Log, world: World) -> dict:
     settings, device = task.settings, world.device
-    tune_backends(device)
+    tune_backends(device, deterministic=settings.deterministic)
     torch.manual_seed(settings.seed)
     random.seed(settings.seed)
     run_dir = Path(settings.out_dir)
     distributed.per_rank_batch(settings.batch_size, world)  # fail early if not divisible
     with distributed.local_main_first(world):  # one download per machine
         task.prepare(device)
+    resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0  # the data
     training = build_training(settings, task.model_overrides(), device,
                               steps_per_epoch(task, world))
     model = training.model
     if world.is_main:  # only now: bad data or an unworkable size leave no run directory
         run_dir.mkdir(parents=True, exist_ok=True)
     state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None, "reached_target": False}
-    saved_plan = None
+    saved: dict = {}
     if resume is not None:
-        state, saved_plan = _restore(resume_checkpoint(resume), task, training, device)
+        state, saved = _restore(resume_checkpoint(resume), task, training, world)
         log(f"resuming {resume} after epoch {state['epoch']}")
-    plan = speed_plan_for(settings, model, world, saved_plan)
+    try:
+        return _train(task, training, state, saved, argv, log, world, resident)
+    except torch.cuda.OutOfMemoryError:
+        raise MemoryExceeded(_out_of_memory(settings, model, world, resident)) from None
+
+
+def _train(task: Task, training: Training, state: dict, saved: dict, argv, log: Log,
+           world: World, resident: int = 0) -> dict:
+    """The speed plan, the epochs and the final test of a prepared (or restored) run."""
+    settings, run_dir, model = task.settings, Path(task.settings.out_dir), training.model
+    plan = speed_plan_for(settings, model, world, saved.get("speed_plan"))
     for computing in training.modules():
         apply_plan(computing, plan)
+    task.grad_scaler = grad_scaler_for(world.device, model.compute_dtype)
+    if task.grad_scaler is not None and saved.get("grad_scaler"):
+        task.grad_scaler.load_state_dict(saved["grad_scaler"])
+    memory = memory_estimate(settings, model, plan, world, resident)
     log(f"speed: {plan.describe()}")
+    log(f"memory: {memory.describe()}")
     if world.is_main:
-        describe_run(run_dir, settings, model, plan, argv)
+        describe_run(run_dir, settings, model, plan, argv, memory)
     log(task.describe(world))
     train_model = distributed.wrap_model(model, world)
     step_model = torch.compile(train_model) if settings.compile else train_model
@@ -150,6 +181,26 @@ def steps_per_epoch(task: Task, world: World) -> int:
     return max(1, -(-size // distributed.per_rank_batch(task.settings.batch_size, world)))
 
 
+def memory_estimate(settings: TrainSettings, model, plan: SpeedPlan, world: World,
+                    resident: int = 0) -> MemoryEstimate:
+    """The estimated peak of one training step of this process (its share of the batch)."""
+    return estimate_training_memory(unwrap(model).config,
+                                    distributed.per_rank_batch(settings.batch_size, world),
+                                    plan.precision, plan.conv_impls, world.device.type, resident)
+
+
+def _out_of_memory(settings: TrainSettings, model, world: World, resident: int) -> str:
+    """The one line for a run that ran out of GPU memory: the estimate at its batch, the
+    GPU's size and the largest batch estimated to fit."""
+    plan, device = current_plan(unwrap(model)), world.device
+    estimate = memory_estimate(settings, model, plan, world, resident)
+    total = device_memory(device)
+    fits = 0 if total is None else largest_batch(
+        unwrap(model).config, usable_gpu_bytes(total), plan.precision, plan.conv_impls,
+        device.type, resident)
+    return out_of_memory_message(str(device), estimate, total, fits * world.size)
+
+
 def _epochs(task: Task, step_model, training: Training, plan: SpeedPlan, state: dict,
             world: World, log: Log) -> None:
     """Train until the last epoch or the target accuracy, checkpointing every epoch."""
@@ -158,7 +209,10 @@ def _epochs(task: Task, step_model, training: Training, plan: SpeedPlan, state: 
     start = time.perf_counter()
     try:
         for epoch in range(state["epoch"] + 1, settings.epochs + 1):
-            if state["reached_target"] or _out_of_time(settings, start, state, epoch, log):
+            # rank 0 decides, every rank follows: ranks that stopped apart would hang
+            stop = world.is_main and (state["reached_target"]
+                                      or _out_of_time(settings, start, state, epoch, log))
+            if distributed.broadcast_object(stop, world):
                 break
             row = _train_and_validate(task, step_model, training, epoch, world)
             state["last_epoch_seconds"] = time.perf_counter() - start - state.get("spent", 0.0)
@@ -168,15 +222,9 @@ def _epochs(task: Task, step_model, training: Training, plan: SpeedPlan, state: 
             target = settings.target_accuracy
             state["epoch"] = epoch
             state["reached_target"] = target is not None and row.get("val_accuracy", -1) >= target
+            rng = rng_state(world.device, world)  # every rank's (a gather on GPUs)
             if world.is_main:
-                ckpt = dict(**training.checkpoint_state(), rng=rng_state(),
-                            train_settings=settings.to_dict(), metrics=row,
-                            speed_plan=plan.as_dict(), **_saved_state(state))
-                save_checkpoint(run_dir / "last.pt", training.evaluated, **ckpt)
-                if improved:  # the same checkpoint under other names: copied, not re-serialised
-                    atomic_copy(run_dir / "last.pt", run_dir / "best.pt")
-                if settings.keep_every and epoch % settings.keep_every == 0:
-                    atomic_copy(run_dir / "last.pt", run_dir / epoch_checkpoint_name(epoch))
+                _checkpoint(task, training, plan, state, row, rng, improved)
                 metrics.log(row)
             log(epoch_line(row, improved))
             if state["reached_target"]:
@@ -188,6 +236,25 @@ def _epochs(task: Task, step_model, training: Training, plan: SpeedPlan, state: 
     finally:
         if metrics is not None:
             metrics.close()
+
+
+def _checkpoint(task: Task, training: Training, plan: SpeedPlan, state: dict, row: dict,
+                rng: dict, improved: bool) -> None:
+    """last.pt (everything a resume needs), best.pt when the epoch improved (a copy), and
+    with --keep-every the epoch's evaluated weights alone as epoch-NNN.pt."""
+    settings, run_dir = task.settings, Path(task.settings.out_dir)
+    described = dict(train_settings=settings.to_dict(), metrics=row, speed_plan=plan.as_dict(),
+                     **_saved_state(state))
+    resumable = dict(**training.checkpoint_state(), rng=rng)
+    if task.grad_scaler is not None:
+        resumable["grad_scaler"] = task.grad_scaler.state_dict()
+    save_checkpoint(run_dir / "last.pt", training.evaluated, **resumable, **described)
+    if improved:  # the same checkpoint under another name: copied, not re-serialised
+        atomic_copy(run_dir / "last.pt", run_dir / "best.pt")
+    epoch = state["epoch"]
+    if settings.keep_every and epoch % settings.keep_every == 0:
+        # weights only: a third of last.pt (no Adam moments), enough to evaluate the epoch
+        save_checkpoint(run_dir / epoch_checkpoint_name(epoch), training.evaluated, **described)
 
 
 def epoch_checkpoint_name(epoch: int) -> str:
@@ -291,36 +358,26 @@ def _final_report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
     return results
 
 
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Inverse of :func:`rng_state`. RNG states must be CPU byte tensors, but a checkpoint
-    loaded with map_location='cuda' has moved them to the GPU: bring them back."""
-    torch.set_rng_state(state["torch"].cpu())
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-
-
 def _restore(path: Path, task: Task, training: Training,
-             device) -> tuple[dict, dict | None]:
-    """Load a checkpoint into the run's objects; returns the epoch state and the run's
-    speed plan (None for checkpoints written before plans)."""
-    payload = load_checkpoint(path, map_location=device)
+             world: World) -> tuple[dict, dict]:
+    """Load a checkpoint into the run's objects; returns the epoch state and what else the
+    run kept (its speed plan, its fp16 gradient scaler). The checkpoint is read onto the
+    CPU: loading the state dicts moves the weights and Adam's moments to the parameters'
+    device, and Adam's step counts stay on the CPU (on a GPU they would cost a host sync
+    per parameter per step), whichever device wrote it."""
+    payload = load_checkpoint(path, map_location="cpu")
     saved_task = payload.get("train_settings", {}).get("task", "classify")
     if saved_task != task.name:
         raise CheckpointError(f"{path}: a {saved_task} run; resume it with the command that "
                               f"started it, not as a {task.name} run")
+    if "optimizer" not in payload:
+        raise CheckpointError(f"{path}: the weights of one epoch only (--keep-every keeps "
+                              f"no optimiser state); resume from last.pt")
     training.restore(payload, task.settings.lr_decay)
-    set_rng_state(payload["rng"])
+    set_rng_state(payload["rng"], world.device, world.rank)
     state = {k: payload[k] for k in ("epoch", "best_val_accuracy", "best_epoch")}
     state["reached_target"] = payload.get("reached_target", False)
-    return state, payload.get("speed_plan")
+    return state, {k: payload.get(k) for k in ("speed_plan", "grad_scaler")}
 
 
 def speed_plan_for(settings: TrainSettings, model, world: World,
@@ -340,12 +397,13 @@ def speed_plan_for(settings: TrainSettings, model, world: World,
 
 
 def describe_run(run_dir: Path, settings: TrainSettings, model, plan: SpeedPlan,
-                 argv: list[str] | None) -> None:
-    """Write the resolved settings, model config, speed plan and command line into the run
-    directory."""
+                 argv: list[str] | None, memory: MemoryEstimate | None = None) -> None:
+    """Write the resolved settings, model config, speed plan, memory estimate and command
+    line into the run directory."""
     (run_dir / "config.json").write_text(json.dumps(
         {"settings": settings.to_dict(), "model_config": config_to_dict(unwrap(model).config),
-         "speed": plan.as_dict()}, indent=2) + "\n")
+         "speed": plan.as_dict(),
+         "memory_estimate_bytes": None if memory is None else memory.total}, indent=2) + "\n")
     command = " ".join(["capsnet", *(argv if argv is not None else sys.argv[1:])])
     with open(run_dir / "command.txt", "a") as f:
         f.write(command + "\n")

@@ -43,6 +43,7 @@ class TrainSettings:
     precision: str = "auto"  # 'auto' (measured), 'fp32' or 'bf16' (autocast; routing in float32)
     conv_impl: str = "auto"  # 'auto' (measured), 'gemm', 'native' or 'channels_last'
     compile: bool = False  # torch.compile the model
+    deterministic: bool = False  # cuDNN: deterministic algorithms instead of autotuning
     monitor_test: bool = False  # also evaluate the test set after every epoch (never for selection)
     target_accuracy: float | None = None  # stop after the first epoch whose validation reaches it
     canvas: int | None = None  # affNIST: side of the canvas the digits are placed on
@@ -138,7 +139,7 @@ def resumed_settings(resume: str | Path, given: TrainSettings,
     from capsnet.loading import load_checkpoint
 
     checkpoint = resume_checkpoint(resume)
-    saved = load_checkpoint(checkpoint).get("train_settings")
+    saved = load_checkpoint(checkpoint, mmap=True).get("train_settings")  # no tensors read
     settings = dataclasses.replace(given) if saved is None else TrainSettings.from_dict(saved)
     kept = set(keep)
     for name in (*(n for n in RESUME_OVERRIDES if n not in kept), *also_given):

@@ -1,4 +1,10 @@
-"""What machine this is: the CPU's model and flags, native bf16, one description for caches."""
+"""What machine this is: the CPU's model and flags, the GPU's name and compute capability,
+which low precisions it computes natively, one description for caches.
+
+Every decision that depends on the hardware is a function of plain values (a device type,
+a capability tuple, a set of CPU flags), so that a CPU test checks what a GPU would get;
+the functions taking a ``torch.device`` only read those values and pass them on.
+"""
 from __future__ import annotations
 
 import platform
@@ -11,6 +17,11 @@ CPUINFO = Path("/proc/cpuinfo")
 # CPU flags (Linux names) of instructions that compute in bf16 natively; without them
 # PyTorch emulates bf16 in float32 and autocast only adds conversions.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+# NVIDIA GPUs compute bf16 natively from compute capability 8.0 (Ampere: A100, RTX 30xx) on;
+# fp16 tensor cores came with 7.0 (Volta: V100; 7.5 Turing: T4, RTX 20xx).
+BF16_MIN_CAPABILITY = (8, 0)
+FP16_MIN_CAPABILITY = (7, 0)
+Capability = tuple[int, int]
 
 
 @lru_cache(maxsize=1)
@@ -33,6 +44,14 @@ def cpu_info() -> tuple[str, frozenset[str]]:
     return model or platform.processor() or platform.machine(), flags
 
 
+def gpu_capability(device: torch.device) -> Capability | None:
+    """(major, minor) compute capability of ``device`` itself (not of the current GPU), or
+    None for anything but a CUDA device."""
+    if device.type != "cuda":
+        return None
+    return tuple(torch.cuda.get_device_capability(device))
+
+
 def device_name(device: torch.device) -> str:
     """The GPU's name, or the CPU's model."""
     if device.type == "cuda":
@@ -40,17 +59,65 @@ def device_name(device: torch.device) -> str:
     return cpu_info()[0]
 
 
+def native_low_precisions(device_type: str, capability: Capability | None = None,
+                          cpu_flags: frozenset[str] = frozenset()) -> list[str]:
+    """The 16-bit precisions worth timing against float32: 'bf16' where it is native (GPUs
+    of capability 8.0 on, CPUs with AVX512-BF16 or AMX), else 'fp16' on GPUs with fp16
+    tensor cores (7.x: V100, T4), else none. fp16 needs gradient scaling in training; where
+    bf16 is native it is preferred (float32's range, no scaler)."""
+    if device_type == "cuda" and capability is not None:
+        if capability >= BF16_MIN_CAPABILITY:
+            return ["bf16"]
+        return ["fp16"] if capability >= FP16_MIN_CAPABILITY else []
+    if device_type == "cpu" and any(flag in cpu_flags for flag in BF16_CPU_FLAGS):
+        return ["bf16"]
+    return []
+
+
+def low_precisions(device: torch.device) -> list[str]:
+    """:func:`native_low_precisions` of ``device`` (the GPU named, e.g. cuda:1)."""
+    return native_low_precisions(device.type, gpu_capability(device), cpu_info()[1])
+
+
 def native_bf16(device: torch.device) -> bool:
     """True where bf16 arithmetic runs natively: GPUs that compute in bf16 (compute
     capability 8.0 and later), CPUs with AVX512-BF16 or AMX. Timing still decides."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    if device.type == "cpu":
-        return any(flag in cpu_info()[1] for flag in BF16_CPU_FLAGS)
-    return False
+    return "bf16" in low_precisions(device)
+
+
+def describe_machine(device_type: str, name: str, torch_version: str, *, threads: int | None = None,
+                     capability: Capability | None = None, cuda: str | None = None,
+                     cudnn: int | None = None, backends: dict | None = None) -> dict:
+    """What a measured choice depends on. CPUs: the model and the thread count. GPUs: the
+    model, compute capability, CUDA and cuDNN versions; not the CPU threads (torchrun sets
+    OMP_NUM_THREADS=1 in each process, which says nothing about the GPU's kernels)."""
+    what = {"device": device_type, "name": name, "torch": torch_version}
+    if device_type == "cuda":
+        what.update(capability=list(capability) if capability else None, cuda=cuda, cudnn=cudnn)
+    else:
+        what["threads"] = threads
+    if backends:
+        what["backends"] = dict(backends)
+    return what
+
+
+def backend_settings(device_type: str) -> dict:
+    """The process-wide settings that change which kernels run (see
+    :func:`capsnet.devices.tune_backends`)."""
+    settings = {"matmul": torch.get_float32_matmul_precision()}
+    if device_type == "cuda":
+        settings.update(cudnn_tf32=bool(torch.backends.cudnn.allow_tf32),
+                        cudnn_deterministic=bool(torch.backends.cudnn.deterministic))
+    return settings
 
 
 def machine_description(device: torch.device) -> dict:
-    """What a measured choice depends on: device and its model, threads, torch version."""
-    return {"device": device.type, "name": device_name(device),
-            "threads": torch.get_num_threads(), "torch": str(torch.__version__)}
+    """:func:`describe_machine` of ``device`` as this process runs it."""
+    if device.type == "cuda":
+        return describe_machine("cuda", device_name(device), str(torch.__version__),
+                                capability=gpu_capability(device), cuda=torch.version.cuda,
+                                cudnn=torch.backends.cudnn.version(),
+                                backends=backend_settings("cuda"))
+    return describe_machine(device.type, device_name(device), str(torch.__version__),
+                            threads=torch.get_num_threads(),
+                            backends=backend_settings(device.type))
