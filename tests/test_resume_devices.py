@@ -83,9 +83,9 @@ def test_a_resume_reads_the_checkpoint_on_the_cpu(tiny_mnist_dir, tmp_path, monk
     seen = {}
     real_restore = runner_module._restore
 
-    def spy(path, task, model, optimizer, scheduler, world):
-        result = real_restore(path, task, model, optimizer, scheduler, world)
-        seen["steps"] = {s["step"].device.type for s in optimizer.state.values()}
+    def spy(path, task, training, world):
+        result = real_restore(path, task, training, world)
+        seen["steps"] = {s["step"].device.type for s in training.optimizer.state.values()}
         return result
 
     monkeypatch.setattr(runner_module, "_restore", spy)
