@@ -109,6 +109,11 @@ def test_fast_run_validates_saves_and_tests_the_ema(tiny_mnist_dir, tmp_path):
     data = prepare_data(settings, torch.device("cpu"))
     val = evaluate(model_from_checkpoint(tmp_path / "last.pt"), *data.validation())
     assert val.accuracy == pytest.approx(read_metrics(tmp_path)[-1]["val_accuracy"])
+    # ... and beside it the trained weights' own, so one run ablates the average
+    raw_model = model_from_checkpoint(tmp_path / "last.pt")
+    raw_model.load_state_dict(raw)
+    raw_val = evaluate(raw_model, *data.validation())
+    assert raw_val.accuracy == pytest.approx(read_metrics(tmp_path)[-1]["val_accuracy_raw"])
     # ... and the tested model is the checkpoint's (what evaluate, predict, export load)
     best = model_from_checkpoint(tmp_path / "best.pt")
     test = evaluate(best, data.test.images, data.test.labels)

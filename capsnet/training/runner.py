@@ -297,6 +297,9 @@ def _train_and_validate(task: Task, step_model, training: Training, epoch: int,
            "images_per_second": round(train["images"] * world.size / seconds, 1)}
     # The plain module (the EMA if any): ranks evaluate different numbers of batches, outside DDP.
     row.update(task.validate(training.evaluated, world))
+    if training.ema is not None:  # the trained weights too, so one run ablates the average
+        raw = task.validate(unwrap(training.model), world)
+        row.update({f"{key}_raw": value for key, value in raw.items()})
     return row
 
 
@@ -323,6 +326,8 @@ def epoch_line(row: dict, improved: bool) -> str:
              f"train acc {row['train_accuracy']:.4f}"]
     if "val_accuracy" in row:
         parts.append(f"val acc {row['val_accuracy']:.4f}" + (" (best)" if improved else ""))
+    if "val_accuracy_raw" in row:
+        parts.append(f"without EMA {row['val_accuracy_raw']:.4f}")
     if "test_accuracy_monitoring" in row:
         parts.append(f"test acc {row['test_accuracy_monitoring']:.4f} (monitoring only)")
     parts.append(f"{row['epoch_seconds']:.1f}s, {row['images_per_second']:.0f} img/s")
