@@ -1,0 +1,72 @@
+"""One contract for every routing algorithm: votes and child activations in, parent poses,
+parent activations and the couplings of every iteration out.
+
+A routing algorithm decides how much of each child capsule's vote reaches each parent
+capsule. Every algorithm in capsnet is a :class:`Router` (an ``nn.Module``) whose
+``forward(votes, activations)`` returns a :class:`Routed`; a model holds one and never
+asks which it is. Routers are registered by name in :data:`ROUTERS`, so a config field
+(``CapsNetConfig.routing``) and ``--routing NAME`` choose one, and ``routing_trace``,
+``capsnet routing`` and the web panel read the couplings of whichever the model uses.
+
+Shapes (B batch, J parents, I children seen by each parent, D pose size):
+
+- ``votes``: (B, J, I, D), child i's prediction of parent j's pose (u_hat in Sabour et
+  al. 2017, V_ij in Hinton et al. 2018), laid out parent-major.
+- ``activations``: (B, I) the children's activations, or None where the algorithm has
+  none (dynamic routing: a capsule's length is its activation and is inside its vote).
+- ``children``: None when every parent sees the same I children (a fully connected
+  capsule layer); otherwise a (J, I) long tensor naming, for each parent's slot i, the
+  global index of the child in it (a convolutional capsule layer, where parents at
+  different positions see overlapping windows and must compete for the children they
+  share), with ``num_children`` the number of distinct children.
+
+``Routed.couplings`` holds one (B, J, I) tensor per iteration: the share of child i's vote
+that parent j received in that iteration (for dynamic routing c_ij; for EM routing the
+assignment R_ij; for attention routing the attention weights).
+"""
+from __future__ import annotations
+
+from typing import ClassVar, NamedTuple
+
+import torch
+from torch import nn
+
+
+class Routed(NamedTuple):
+    """What every router returns."""
+
+    poses: torch.Tensor  # (B, J, D) parent poses (vectors; flattened 4x4 matrices for EM)
+    activations: torch.Tensor  # (B, J) parent activations in [0, 1] (lengths for vectors)
+    couplings: tuple[torch.Tensor, ...]  # per iteration, (B, J, I) child i's share to parent j
+
+
+class Router(nn.Module):
+    """Base class of routing algorithms. Subclasses set :attr:`name` (the registry key and
+    the ``--routing`` choice) and implement :meth:`forward`."""
+
+    name: ClassVar[str] = ""
+
+    def forward(self, votes: torch.Tensor, activations: torch.Tensor | None = None,
+                children: torch.Tensor | None = None,
+                num_children: int | None = None) -> Routed:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+ROUTERS: dict[str, type[Router]] = {}
+
+
+def register_router(cls: type[Router]) -> type[Router]:
+    """Class decorator: make ``cls`` choosable by its :attr:`Router.name`."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in ROUTERS and ROUTERS[cls.name] is not cls:
+        raise ValueError(f"two routers named {cls.name!r}")
+    ROUTERS[cls.name] = cls
+    return cls
+
+
+def router_class(name: str) -> type[Router]:
+    """The router registered as ``name``; a ValueError naming the choices otherwise."""
+    if name not in ROUTERS:
+        raise ValueError(f"unknown routing {name!r}; choose from {', '.join(sorted(ROUTERS))}")
+    return ROUTERS[name]
