@@ -29,6 +29,9 @@ class CapsNetConfig:
     num_classes: int = 10
     conv1_channels: int = 256
     conv1_kernel: int = 9
+    # 1 in the paper; larger inputs of other data take a larger one (conv1_stride_for) so
+    # that the primary capsules stay near the paper's count
+    conv1_stride: int = 1
     primary_types: int = 32  # capsule types ("channels") in PrimaryCaps
     primary_dim: int = 8
     primary_kernel: int = 9
@@ -52,10 +55,13 @@ class CapsNetConfig:
         if self.input_norm not in INPUT_NORMS:
             raise ValueError(f"unknown input_norm {self.input_norm!r}; choose from "
                              f"{', '.join(INPUT_NORMS)}")
+        if self.conv1_stride < 1:
+            raise ValueError(f"conv1_stride must be at least 1, not {self.conv1_stride}")
         if self.primary_grid < 1:
             raise ValueError(
                 f"image size {self.image_size} is too small for the conv kernels "
-                f"{self.conv1_kernel} and {self.primary_kernel} (stride {self.primary_stride}): "
+                f"{self.conv1_kernel} and {self.primary_kernel} (strides {self.conv1_stride} "
+                f"and {self.primary_stride}): "
                 f"the smallest workable size is {self.smallest_image_size} pixels "
                 f"(--image-size N resizes the images)")
         if self.routing_iterations < 1:
@@ -66,13 +72,13 @@ class CapsNetConfig:
     @property
     def smallest_image_size(self) -> int:
         """The smallest input side with a 1x1 primary grid: Conv1's kernel, then one
-        PrimaryCaps kernel (17 for the paper's 9 and 9)."""
-        return self.conv1_kernel + self.primary_kernel - 1
+        PrimaryCaps kernel of Conv1 positions (17 for the paper's 9 and 9 at stride 1)."""
+        return self.conv1_kernel + (self.primary_kernel - 1) * self.conv1_stride
 
     @property
     def conv1_grid(self) -> int:
         """Side of Conv1's output (20 for 28x28)."""
-        return conv_output_size(self.image_size, self.conv1_kernel)
+        return conv_output_size(self.image_size, self.conv1_kernel, self.conv1_stride)
 
     @property
     def primary_grid(self) -> int:
@@ -159,6 +165,38 @@ def input_norm_for(dataset: str, requested: str = "auto") -> str:
                              f"{', '.join(INPUT_NORMS)}")
         return requested
     return "none" if dataset in DIGIT_DATASETS else "image"
+
+
+# Conv1's stride for other data grows until the primary grid has at most this many times
+# the paper's cells (6 x 6 = 36 at 28x28): 32x32 keeps stride 1 (8 x 8 = 64 cells), 48x48
+# takes 2 (6 x 6), 64x64 takes 3 (6 x 6). At 48x48 and stride 1 the 16 x 16 grid's 8,192
+# capsules saturate every class capsule in the first steps (loss 3.2, chance for 2 epochs).
+MAX_PRIMARY_CELLS_FACTOR = 2
+
+
+def conv1_stride_for(config: CapsNetConfig, dataset: str, requested: str | int = "auto") -> int:
+    """Conv1's stride for a CapsNet like ``config`` trained on ``dataset``: the paper's 1
+    for the digit datasets, else the smallest stride whose primary grid has at most
+    MAX_PRIMARY_CELLS_FACTOR times the paper model's cells. ``requested`` other than
+    'auto' wins."""
+    if requested != "auto":
+        stride = int(requested)
+        if stride < 1:
+            raise ValueError(f"conv1 stride must be at least 1, not {requested!r}")
+        return stride
+    if dataset in DIGIT_DATASETS:
+        return config.conv1_stride
+    most = MAX_PRIMARY_CELLS_FACTOR * CapsNetConfig().primary_grid ** 2
+    stride = config.conv1_stride
+    while _primary_grid(config, stride) ** 2 > most and _primary_grid(config, stride + 1) >= 1:
+        stride += 1
+    return stride
+
+
+def _primary_grid(config: CapsNetConfig, conv1_stride: int) -> int:
+    """Side of ``config``'s primary grid at Conv1 stride ``conv1_stride`` (< 1: none)."""
+    conv1 = conv_output_size(config.image_size, config.conv1_kernel, conv1_stride)
+    return conv_output_size(conv1, config.primary_kernel, config.primary_stride)
 
 
 def is_digit_model(config) -> bool:

@@ -81,14 +81,15 @@ class RoutingTrace:
 def receptive_fields(config: CapsNetConfig) -> tuple[list[float], int]:
     """Where the primary grid's cells look in the input: the centre (in input pixel
     coordinates, 0 = the first pixel's centre) of row/column g's receptive field for every
-    g < G, and the field's side in pixels. Conv1 has stride 1 and no padding, so a cell of
-    PrimaryCaps at g sees Conv1 rows g*stride .. g*stride + kernel - 1, each of which sees
-    conv1_kernel input rows: 8, 10, ..., 18 and 17 pixels for 28x28."""
+    g < G, and the field's side in pixels. No layer pads, so a cell of PrimaryCaps at g
+    sees Conv1 rows g*stride .. g*stride + kernel - 1, Conv1 row r sees input rows
+    r*conv1_stride .. r*conv1_stride + conv1_kernel - 1: centres 8, 10, ..., 18 and 17
+    pixels for 28x28 (both at Conv1 stride 1)."""
     conv1_centre = (config.conv1_kernel - 1) / 2  # input offset of Conv1's first centre
     primary_centre = (config.primary_kernel - 1) / 2  # Conv1 offset of PrimaryCaps' first
-    centres = [g * config.primary_stride + primary_centre + conv1_centre
+    centres = [(g * config.primary_stride + primary_centre) * config.conv1_stride + conv1_centre
                for g in range(config.primary_grid)]
-    side = config.conv1_kernel + config.primary_kernel - 1
+    side = (config.primary_kernel - 1) * config.conv1_stride + config.conv1_kernel
     return centres, side
 
 

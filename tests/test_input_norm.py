@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from capsnet.config import CapsNetConfig, input_norm_for, make_config
+from capsnet.config import CapsNetConfig, conv1_stride_for, input_norm_for, make_config
 from capsnet.layers.input_norm import InputNorm, standardise_images
 from capsnet.models import build_model
 from capsnet.training import TrainSettings, fit
@@ -59,6 +59,30 @@ def test_the_data_chooses_the_input_norm():
     assert input_norm_for("mnist", "image") == "image"
     with pytest.raises(ValueError, match="normalisation"):
         input_norm_for("folder", "per-pixel")
+
+
+@pytest.mark.parametrize("side, stride, grid", [(28, 1, 6), (32, 1, 8), (48, 2, 6),
+                                                (64, 3, 6), (96, 4, 7)])
+def test_larger_images_of_other_data_take_a_larger_conv1_stride(side, stride, grid):
+    """At most twice the paper's 6x6 primary cells (72): the smallest stride that gets there."""
+    config = make_config("capsnet", image_size=side, in_channels=3)
+    assert conv1_stride_for(config, "folder") == stride
+    assert make_config("capsnet", image_size=side, conv1_stride=stride).primary_grid == grid
+    if stride > 1:  # one less would leave more than twice the paper's cells
+        assert make_config("capsnet", image_size=side,
+                           conv1_stride=stride - 1).primary_grid ** 2 > 2 * 6 ** 2
+    assert conv1_stride_for(config, "mnist") == 1  # digits keep the paper's Conv1 (affNIST 40)
+    assert conv1_stride_for(config, "folder", 5) == 5  # what the user names wins
+    with pytest.raises(ValueError, match="at least 1"):
+        conv1_stride_for(config, "folder", 0)
+
+
+def test_a_small_image_keeps_a_primary_grid():
+    config = make_config("capsnet", "small", image_size=18)  # 1x1 at stride 1, none at 2
+    assert conv1_stride_for(config, "folder") == 1
+    assert CapsNetConfig(image_size=48, conv1_stride=2).smallest_image_size == 9 + 8 * 2
+    with pytest.raises(ValueError, match="strides 3 and 2"):
+        CapsNetConfig(image_size=30, conv1_stride=3)
 
 
 def test_the_paper_model_is_unchanged():
@@ -133,4 +157,5 @@ def test_a_colour_folder_leaves_chance_with_the_defaults(tmp_path):
                                 precision="fp32", conv_impl="native"), log=lambda _: None)
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["model_config"]["input_norm"] == "image"
+    assert config["model_config"]["conv1_stride"] == 1  # 20x20: the paper's Conv1
     assert results["best"]["accuracy"] >= 0.45  # 20 test images, chance 0.25

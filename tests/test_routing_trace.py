@@ -122,10 +122,10 @@ def test_primary_grid_is_type_major(model, trace):
     torch.testing.assert_close(trace.primary_lengths, norms**2 / (1 + norms**2))
 
 
-@pytest.mark.parametrize("image_size", [28, 36])
-def test_receptive_fields_match_the_input_gradient(image_size):
+@pytest.mark.parametrize("image_size, conv1_stride", [(28, 1), (36, 1), (48, 2), (47, 3)])
+def test_receptive_fields_match_the_input_gradient(image_size, conv1_stride):
     """The slow, obviously-right reference: the input pixels a primary cell depends on."""
-    model = small_capsnet(image_size=image_size)
+    model = small_capsnet(image_size=image_size, conv1_stride=conv1_stride)
     centres, side = receptive_fields(model.config)
     G = model.config.primary_grid
     assert len(centres) == G

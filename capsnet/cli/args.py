@@ -189,6 +189,19 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
                         "its first updates (the fast recipe's)")
 
 
+def conv1_stride_arg(text: str) -> str | int:
+    """--conv1-stride: 'auto' or a positive whole number."""
+    if text == "auto":
+        return text
+    try:
+        stride = int(text)
+    except ValueError:
+        stride = 0
+    if stride < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number >= 1, not {text!r}")
+    return stride
+
+
 def add_image_args(p: argparse.ArgumentParser) -> None:
     """How the training images are shaped: size, channels, crops, unreadable files."""
     p.add_argument("--image-size", type=int, default=None, metavar="N",
@@ -203,6 +216,11 @@ def add_image_args(p: argparse.ArgumentParser) -> None:
                    help="CapsNet: how images meet Conv1: 'none' (the paper's pixels), 'image' "
                         "(each image standardised), 'auto' (none for MNIST, image for "
                         "every other dataset)")
+    p.add_argument("--conv1-stride", default="auto", type=conv1_stride_arg,
+                   help="CapsNet: Conv1's stride: a number, or 'auto' (1 for MNIST and "
+                        "images up to 32x32; larger images of other data take the smallest "
+                        "stride leaving at most twice the paper's 6x6 primary grid: 2 at "
+                        "48x48, 3 at 64x64)")
     p.add_argument("--skip-bad-images", action="store_true",
                    help="folder datasets: skip unreadable image files with a warning listing "
                         "them, instead of stopping at the first")

@@ -31,7 +31,8 @@ class CapsNet(nn.Module):
         super().__init__()
         cfg = self.config = config
         self.input_norm = InputNorm(cfg.input_norm)  # no parameters: the paper's model is kept
-        self.conv1 = GemmConv2d(cfg.in_channels, cfg.conv1_channels, kernel_size=cfg.conv1_kernel)
+        self.conv1 = GemmConv2d(cfg.in_channels, cfg.conv1_channels, kernel_size=cfg.conv1_kernel,
+                                stride=cfg.conv1_stride)
         self.primary_caps = PrimaryCaps(cfg.conv1_channels, cfg.primary_types, cfg.primary_dim,
                                         cfg.primary_kernel, cfg.primary_stride)
         self.digit_caps = DigitCaps(cfg.num_primary_caps, cfg.primary_dim, cfg.num_classes,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from capsnet.config import PRESET_CROPS, input_norm_for
+from capsnet.config import PRESET_CROPS, conv1_stride_for, input_norm_for, make_config
 from capsnet.data.augment import center_crop
 from capsnet.data.datasets import FOLDER, ImageDataset, load_dataset
 from capsnet.data.folder import format_skipped_warning
@@ -88,12 +88,18 @@ def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print
 def data_overrides(settings: TrainSettings, data: RunData, image_size: int | None = None) -> dict:
     """What the data decides in the model's config: input size (``image_size`` for a
     canvas), channels, classes and their names, the dataset's name, and with training crops
-    the side of the images they are cut from; for CapsNet how images meet Conv1."""
-    return {"input_norm": input_norm_for(settings.dataset, settings.input_norm),
-            "image_size": image_size or data.model_size, "in_channels": data.train.channels,
-            "num_classes": len(data.train.classes), "class_names": tuple(data.train.classes),
-            "dataset": settings.dataset,
-            "uncropped_size": data.train.image_size[0] if data.crop else None}
+    the side of the images they are cut from; for CapsNet how images meet Conv1 and
+    Conv1's stride."""
+    overrides = {"input_norm": input_norm_for(settings.dataset, settings.input_norm),
+                 "image_size": image_size or data.model_size, "in_channels": data.train.channels,
+                 "num_classes": len(data.train.classes), "class_names": tuple(data.train.classes),
+                 "dataset": settings.dataset,
+                 "uncropped_size": data.train.image_size[0] if data.crop else None}
+    if settings.model == "capsnet":
+        paper_strides = make_config("capsnet", settings.preset, **overrides)
+        overrides["conv1_stride"] = conv1_stride_for(paper_strides, settings.dataset,
+                                                     settings.conv1_stride)
+    return overrides
 
 
 class ClassifyTask(Task):

@@ -148,7 +148,8 @@ def _capsnet_activations(cfg: CapsNetConfig, low: bool, conv_impls: dict[str, st
     made contiguous), and the parameters autocast copies (the convolutions')."""
     size = 2 if low else FLOAT32
     paths = _paths(["conv1", "primary_caps.conv"], conv_impls, device_type)
-    conv1 = ConvShape(cfg.in_channels, cfg.conv1_channels, cfg.image_size, cfg.conv1_kernel)
+    conv1 = ConvShape(cfg.in_channels, cfg.conv1_channels, cfg.image_size, cfg.conv1_kernel,
+                      cfg.conv1_stride)
     primary = ConvShape(cfg.conv1_channels, cfg.primary_types * cfg.primary_dim,
                         conv1.grid, cfg.primary_kernel, cfg.primary_stride,
                         input_channels_last=conv_impls.get("conv1", "gemm") != "native")
