@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from benchmarks import recipe_ablation
 from benchmarks import time_to_accuracy as tta
 from capsnet.loading import load_checkpoint
 from capsnet.training.metrics_log import read_metrics
@@ -59,3 +60,23 @@ def test_unknown_recipes_are_refused(capsys):
     with pytest.raises(SystemExit):
         tta.parse_args(["--recipes", "paper,slow"])
     assert "slow" in capsys.readouterr().err
+
+
+def test_tiny_recipe_ablation_trains_one_change_per_row_and_reads_back(tiny_mnist_dir, tmp_path,
+                                                                       capsys):
+    out = tmp_path / "ablation"
+    args = ["--tiny", "--data-dir", str(tiny_mnist_dir), "--out-dir", str(out)]
+    assert recipe_ablation.main([*args, "--rows", "2,3"]) == 0
+    report = json.loads((out / "ablation.json").read_text())
+    by_row = {r["row"]: r for r in report["rows"]}
+    assert by_row["paper"]["epochs"] == 0  # not chosen: not trained
+    fast, raw = by_row["fast"], by_row["fast without the weight average (same run)"]
+    assert fast["epochs"] == raw["epochs"] == 2 and by_row["fast, peak 1e-3 (the paper's)"][
+        "epochs"] == 2
+    assert fast["best_val"] is not None and raw["best_val"] is not None
+    settings = load_checkpoint(out / "fast-peak-1e-3-the-paper-s" / "last.pt")["train_settings"]
+    assert settings["lr"] == 1e-3 and settings["recipe"] == "fast"
+    assert settings["warmup_epochs"] == pytest.approx(2 / 15)  # the fast recipe's share
+    capsys.readouterr()
+    assert recipe_ablation.main([*args, "--report-only"]) == 0
+    assert "| fast, no warm-up | 0 |" in capsys.readouterr().out
