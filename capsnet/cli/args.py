@@ -36,6 +36,10 @@ from capsnet.tuning.memory import MemoryExceeded
 USER_ERRORS = (IDXError, DataNotFoundError, CheckpointError, FolderDatasetError,
                NonFiniteLossError, MemoryExceeded, FileNotFoundError, ValueError)
 DEFAULTS = TrainSettings()
+# What --model NAME trains.
+MODEL_HELP = {"capsnet": "CapsNet (Sabour et al. 2017)", "cnn": "its CNN baseline",
+              "efficient": "Efficient-CapsNet (Mazzia et al. 2021; presets paper and small; "
+                           "docs/models-efficient.md)"}
 # Options a resumed run takes from the resuming command only when they are given there.
 RESUME_OPTIONAL_OVERRIDES = ("lr_decay",)
 
@@ -126,9 +130,7 @@ def add_recipe_args(p: argparse.ArgumentParser,
                     models=("capsnet", "cnn", "efficient")) -> None:
     """Model, data and optimisation options of every training command."""
     p.add_argument("--model", default=models[0], choices=list(models),
-                   help="capsnet (Sabour et al. 2017), cnn (its baseline) or efficient "
-                        "(Efficient-CapsNet, Mazzia et al. 2021: presets paper and small)"
-                   if "efficient" in models else None)
+                   help="; ".join(f"{name}: {MODEL_HELP[name]}" for name in models))
     p.add_argument("--preset", default=DEFAULTS.preset, choices=sorted(PRESETS),
                    help="layer sizes: 'paper', 'half' (half the paper's channels: the affNIST "
                         "CNN at about the paper CNN's parameter count), the narrow 'small' "
