@@ -128,6 +128,69 @@ class CNNConfig:
         return self.image_size // self.pool ** len(self.conv_channels)
 
 
+@dataclass(frozen=True)
+class EfficientCapsNetConfig:
+    """Efficient-CapsNet (Mazzia, Salvetti & Chiaberge 2021, Sci. Rep. 11:14634), the MNIST
+    model of the public code (EscVM/Efficient-CapsNet, models/efficient_capsnet_graph_mnist.py):
+    valid convolutions with ReLU and BatchNorm, a depthwise ``primary_kernel`` convolution
+    cut into ``primary_dim``-D primary capsules, self-attention routing to ``digit_dim``-D
+    class capsules, and the FC reconstruction decoder. 161,824 parameters without the
+    decoder for 28x28 grey images (16 primary capsules, derived from the sizes)."""
+
+    image_size: int = 28
+    in_channels: int = 1
+    num_classes: int = 10
+    conv_channels: tuple[int, ...] = (32, 64, 64, 128)
+    conv_kernels: tuple[int, ...] = (5, 3, 3, 3)
+    conv_strides: tuple[int, ...] = (1, 1, 1, 2)
+    primary_kernel: int = 9  # the depthwise convolution's kernel
+    primary_dim: int = 8
+    digit_dim: int = 16
+    decoder_hidden: tuple[int, ...] = (512, 1024)
+    use_decoder: bool = True
+    dataset: str = "mnist"  # what the model was trained on (decides how own images are prepared)
+    class_names: tuple[str, ...] = ()  # the classes' names, index order; () = "0", "1", ...
+    uncropped_size: int | None = None  # trained on crops: the side of the images cut from
+
+    def __post_init__(self) -> None:
+        _freeze_tuples(self, "conv_channels", "conv_kernels", "conv_strides", "decoder_hidden",
+                       "class_names")
+        _check_data_fields(self)
+        if not len(self.conv_channels) == len(self.conv_kernels) == len(self.conv_strides):
+            raise ValueError("conv_channels, conv_kernels and conv_strides differ in length")
+        if self.conv_channels[-1] % self.primary_dim:
+            raise ValueError(f"the last convolution's {self.conv_channels[-1]} channels do not "
+                             f"make primary capsules of {self.primary_dim} dimensions")
+        if self.primary_grid < 1:
+            raise ValueError(f"image size {self.image_size} is too small for the convolutions "
+                             f"{self.conv_kernels} (strides {self.conv_strides}) and the "
+                             f"{self.primary_kernel}x{self.primary_kernel} depthwise kernel "
+                             f"(--image-size N resizes the images)")
+
+    @property
+    def feature_grid(self) -> int:
+        """Side of the last convolution's output (9 for 28x28)."""
+        size = self.image_size
+        for kernel, stride in zip(self.conv_kernels, self.conv_strides, strict=True):
+            size = conv_output_size(size, kernel, stride)
+        return size
+
+    @property
+    def primary_grid(self) -> int:
+        """Side of the depthwise convolution's output (1 for 28x28)."""
+        return conv_output_size(self.feature_grid, self.primary_kernel)
+
+    @property
+    def num_primary_caps(self) -> int:
+        """Number of primary capsules (16 for 28x28: 128 channels of a 1x1 map, 8 each)."""
+        return self.primary_grid**2 * self.conv_channels[-1] // self.primary_dim
+
+    @property
+    def num_pixels(self) -> int:
+        """Pixels the decoder reconstructs (784 for 28x28 grey)."""
+        return self.in_channels * self.image_size**2
+
+
 def _freeze_tuples(config, *names: str) -> None:
     """Lists given for tuple fields (e.g. from JSON) become tuples: the config stays hashable."""
     for name in names:
@@ -230,15 +293,17 @@ def class_index(config, text: str) -> int:
     raise ValueError(f"no class {text!r}: the model's classes are 0..{len(names) - 1}{listed}")
 
 
-MODEL_CONFIGS = {"capsnet": CapsNetConfig, "cnn": CNNConfig}
+MODEL_CONFIGS = {"capsnet": CapsNetConfig, "cnn": CNNConfig,
+                 "efficient": EfficientCapsNetConfig}
 
 PRESETS: dict[str, dict[str, dict]] = {
     # The paper's sizes.
-    "paper": {"capsnet": {}, "cnn": {}},
+    "paper": {"capsnet": {}, "cnn": {}, "efficient": {}},
     # Narrow layers with the paper's structure: seconds per epoch on a CPU, for tests.
     "small": {
         "capsnet": {"conv1_channels": 32, "primary_types": 8, "decoder_hidden": (64, 128)},
         "cnn": {"conv_channels": (16, 16, 8), "fc_hidden": (32, 24)},
+        "efficient": {"conv_channels": (16, 32, 32, 64), "decoder_hidden": (64, 128)},
     },
     # A plain small CNN to measure CapsNet against on own data: two 5x5 convolutions (16, 32)
     # each followed by 2x2 max-pooling, FC 64 (0.11M parameters at 28x28, 0.15M for 32x32
@@ -265,11 +330,15 @@ PRESET_CROPS: dict[str, int] = {"cifar10": 24}
 
 
 def make_config(model: str, preset: str = "paper", **overrides):
-    """Config for ``model`` ('capsnet' or 'cnn') from a named preset plus overrides."""
+    """Config for ``model`` ('capsnet', 'cnn' or 'efficient') from a named preset plus
+    overrides."""
     if model not in MODEL_CONFIGS:
         raise ValueError(f"unknown model {model!r}; choose from {sorted(MODEL_CONFIGS)}")
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    if model not in PRESETS[preset]:
+        named = sorted(name for name, sizes in PRESETS.items() if model in sizes)
+        raise ValueError(f"preset {preset!r} has no {model} sizes; choose from {named}")
     cls = MODEL_CONFIGS[model]
     known = {f.name for f in dataclasses.fields(cls)}
     values = {**PRESETS[preset][model], **{k: v for k, v in overrides.items() if k in known}}

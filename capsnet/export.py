@@ -21,7 +21,7 @@ from torch import nn
 
 from capsnet.config import class_names, config_to_dict
 from capsnet.loading import WEIGHTS_FORMAT, WEIGHTS_SUFFIX, load_checkpoint, load_model
-from capsnet.models import CapsNet, model_name_of
+from capsnet.models import CapsNet, EfficientCapsNet, model_name_of
 
 FORMATS = ("onnx", "torchscript")
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".ts.pt"}  # default file names: <stem><suffix>
@@ -30,14 +30,16 @@ INPUT_NAME = "images"
 BATCH_AXIS = "batch"
 EXAMPLE_BATCH = 2  # traced with this batch; the batch dimension stays dynamic
 METADATA_FILE = "capsnet.json"  # TorchScript extra file holding the description
+CAPSULE_MODELS = (CapsNet, EfficientCapsNet)  # models whose output is a CapsuleOutput
 
 
 class InferenceModel(nn.Module):
     """A trained model as a pure function of its input, for export.
 
     Input images (B, C, H, W) float in [0, 1]. Output a tuple named by
-    :func:`output_names`: (lengths (B, J), reconstructions (B, C, H, W)) for CapsNet,
-    the reconstruction masked by the longest capsule; (probabilities (B, J),) for the CNN.
+    :func:`output_names`: (lengths (B, J), reconstructions (B, C, H, W)) for CapsNet and
+    Efficient-CapsNet, the reconstruction masked by the longest capsule; (probabilities
+    (B, J),) for the CNN.
     """
 
     def __init__(self, model: nn.Module):
@@ -45,7 +47,7 @@ class InferenceModel(nn.Module):
         self.model = model.eval()
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if not isinstance(self.model, CapsNet):
+        if not isinstance(self.model, CAPSULE_MODELS):
             return (torch.softmax(self.model(images), dim=-1),)  # (B, J)
         out = self.model(images)
         if out.reconstructions is None:
@@ -55,7 +57,7 @@ class InferenceModel(nn.Module):
 
 def output_names(model: nn.Module) -> list[str]:
     """Names of the exported outputs, in order."""
-    if not isinstance(model, CapsNet):
+    if not isinstance(model, CAPSULE_MODELS):
         return ["probabilities"]
     return ["lengths", "reconstructions"] if model.decoder is not None else ["lengths"]
 

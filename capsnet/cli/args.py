@@ -23,6 +23,7 @@ from capsnet.training.recipes import FAST_RECIPE, PAPER_RECIPE, RECIPES, SCHEDUL
 from capsnet.training.settings import (
     CNN_LR,
     DEFAULT_VAL_SIZE,
+    EFFICIENT_LR,
     PAPER_LR,
     VAL_FRACTION_INVERSE,
     TrainSettings,
@@ -35,6 +36,10 @@ from capsnet.tuning.memory import MemoryExceeded
 USER_ERRORS = (IDXError, DataNotFoundError, CheckpointError, FolderDatasetError,
                NonFiniteLossError, MemoryExceeded, FileNotFoundError, ValueError)
 DEFAULTS = TrainSettings()
+# What --model NAME trains.
+MODEL_HELP = {"capsnet": "CapsNet (Sabour et al. 2017)", "cnn": "its CNN baseline",
+              "efficient": "Efficient-CapsNet (Mazzia et al. 2021; presets paper and small; "
+                           "docs/models-efficient.md)"}
 # Options a resumed run takes from the resuming command only when they are given there.
 RESUME_OPTIONAL_OVERRIDES = ("lr_decay",)
 
@@ -121,9 +126,11 @@ def load_cli_model(args: argparse.Namespace, source: str | None = None) -> nn.Mo
     return model
 
 
-def add_recipe_args(p: argparse.ArgumentParser, models=("capsnet", "cnn")) -> None:
+def add_recipe_args(p: argparse.ArgumentParser,
+                    models=("capsnet", "cnn", "efficient")) -> None:
     """Model, data and optimisation options of every training command."""
-    p.add_argument("--model", default=models[0], choices=list(models))
+    p.add_argument("--model", default=models[0], choices=list(models),
+                   help="; ".join(f"{name}: {MODEL_HELP[name]}" for name in models))
     p.add_argument("--preset", default=DEFAULTS.preset, choices=sorted(PRESETS),
                    help="layer sizes: 'paper', 'half' (half the paper's channels: the affNIST "
                         "CNN at about the paper CNN's parameter count), the narrow 'small' "
@@ -167,7 +174,7 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=None,
                    help=f"peak Adam learning rate (default: the recipe's multiple of {PAPER_LR}; "
                         f"of {CNN_LR} for the CNN baseline of the paper and half presets, "
-                        f"which dies at {PAPER_LR})")
+                        f"which dies at {PAPER_LR}; of {EFFICIENT_LR} for Efficient-CapsNet)")
     p.add_argument("--lr-decay", type=float, default=None,
                    help=f"schedule exp: learning-rate factor applied after each epoch (default "
                         f"{DEFAULTS.lr_decay}; with --resume: the run's own unless given)")

@@ -12,7 +12,7 @@ from capsnet.training.recipes import SCHEDULES, get_recipe
 @dataclass
 class TrainSettings:
     task: str = "classify"  # 'classify' (the paper's recipe), 'affnist' or 'multimnist'
-    model: str = "capsnet"  # 'capsnet' or 'cnn'
+    model: str = "capsnet"  # 'capsnet', 'cnn' or 'efficient'
     preset: str = "paper"  # layer sizes: 'paper' or 'small'
     dataset: str = "mnist"  # mnist, fashion-mnist, cifar10, svhn, or folder (data_dir = its root)
     data_dir: str | None = None
@@ -82,11 +82,22 @@ class TrainSettings:
 # The 'small' and 'tiny' CNNs (6,272 and 1,568 inputs) learn at 1e-3.
 PAPER_LR = 1e-3
 CNN_LR = 1e-4
+# Efficient-CapsNet's own Adam rate: "lr": 5e-4 in the public code's config.json
+# (EscVM/Efficient-CapsNet), which also decays it by "lr_dec": 0.97 per epoch down to a
+# floor of 5e-5 (utils/tools.py, learn_scheduler) at batch 16 for 150 epochs, with
+# "lmd_gen": 0.392 on Keras' per-pixel mean squared error, i.e. 0.392 / 784 = 0.0005 on the
+# sum, the reconstruction weight capsnet already uses (docs/models-efficient.md).
+EFFICIENT_LR = 5e-4
+EFFICIENT_LR_DECAY = 0.97
+EFFICIENT_BATCH_SIZE = 16
+EFFICIENT_EPOCHS = 150
 
 
 def default_lr(model: str, preset: str) -> float:
     """The Adam learning rate of a run that names none: the paper's, but CNN_LR for the
-    wide CNN baselines."""
+    wide CNN baselines and Efficient-CapsNet's own for it."""
+    if model == "efficient":
+        return EFFICIENT_LR
     return CNN_LR if model == "cnn" and preset not in ("small", "tiny") else PAPER_LR
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from capsnet.config import CapsNetConfig, CNNConfig
+from capsnet.config import CapsNetConfig, CNNConfig, EfficientCapsNetConfig
 from capsnet.models import build_model, count_parameters
 
 FLOAT32 = 4
@@ -108,6 +108,9 @@ def estimate_training_memory(config, batch_size: int, precision: str = "fp32",
         per_image, cast_params = _capsnet_activations(config, low, conv_impls or {}, device_type)
     elif isinstance(config, CNNConfig):
         per_image, cast_params = _cnn_activations(config, low, conv_impls or {}, device_type)
+    elif isinstance(config, EfficientCapsNetConfig):
+        per_image, cast_params = _efficient_activations(config, low, conv_impls or {},
+                                                        device_type)
     else:
         raise TypeError(f"no memory estimate for {type(config).__name__}")
     return MemoryEstimate(batch_size, 4 * FLOAT32 * params, per_image,
@@ -187,6 +190,35 @@ def _cnn_activations(cfg: CNNConfig, low: bool, conv_impls: dict[str, str],
     parts["peak"] = work
     sizes = (cfg.conv_channels[-1] * cfg.image_size**2, *cfg.fc_hidden, cfg.num_classes)
     cast += sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+    return parts, cast
+
+
+def _efficient_activations(cfg: EfficientCapsNetConfig, low: bool, conv_impls: dict[str, str],
+                           device_type: str) -> tuple[dict[str, int], int]:
+    """Per-image bytes of Efficient-CapsNet's peak: each block keeps its ReLU output (for
+    the ReLU's and BatchNorm's backward) and its BatchNorm output (the next layer's input),
+    both in the compute dtype; the peak is the largest convolution's working buffer; its
+    capsules are a few hundred numbers. The parameters autocast copies: the convolutions'
+    and the decoder's. Checked like the others (tests/test_efficient_capsnet.py)."""
+    size = 2 if low else FLOAT32
+    names = [f"features.{i}.conv" for i in range(len(cfg.conv_channels))]
+    paths = _paths(names, conv_impls, device_type)
+    channels = (cfg.in_channels, *cfg.conv_channels)
+    parts = {"input": 2 * FLOAT32 * cfg.in_channels * cfg.image_size**2}
+    side, work, cast = cfg.image_size, 0, 0
+    for i, (c_in, c_out) in enumerate(zip(channels[:-1], channels[1:], strict=True)):
+        previous = conv_impls.get(names[i - 1], "gemm") if i else "native"
+        shape = ConvShape(c_in, c_out, side, cfg.conv_kernels[i], cfg.conv_strides[i],
+                          input_channels_last=previous != "native")
+        kept, buffer = _conv_terms(shape, paths[i], size, first=i == 0)
+        parts[names[i]] = 2 * size * c_out * shape.grid**2 + kept
+        side, work = shape.grid, max(work, buffer)
+        cast += c_in * c_out * cfg.conv_kernels[i] ** 2
+    parts["peak"] = work
+    if cfg.use_decoder:
+        sizes = (cfg.num_classes * cfg.digit_dim, *cfg.decoder_hidden, cfg.num_pixels)
+        parts["decoder"] = 2 * FLOAT32 * sum(sizes)
+        cast += sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
     return parts, cast
 
 

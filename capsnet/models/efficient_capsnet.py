@@ -1,0 +1,137 @@
+"""Efficient-CapsNet (Mazzia, Salvetti & Chiaberge 2021, Sci. Rep. 11:14634, Fig. 2):
+convolutions -> depthwise primary capsules -> self-attention routing -> class capsules ->
+decoder.
+
+Follows the public code (EscVM/Efficient-CapsNet, models/efficient_capsnet_graph_mnist.py
+and utils/layers.py) layer for layer: each convolution is followed by ReLU and then
+BatchNorm (Keras ``Conv2D(activation='relu')`` then ``BatchNormalization()``, with Keras'
+BatchNorm constants), the initialisations are Keras' (He normal for the convolutions, W and
+the decoder's hidden layers, Glorot uniform for the depthwise convolution, Glorot normal for
+the decoder's output layer, zero biases), and the decoder is the FC 512-1024-pixels net fed
+the class capsules masked by the label (training) or the longest capsule (inference).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from capsnet.config import EfficientCapsNetConfig
+from capsnet.layers import Decoder, GemmConv2d, full_precision
+from capsnet.layers.depthwise_primary_caps import DepthwisePrimaryCaps
+from capsnet.layers.self_attention_routing import SelfAttentionRouter
+from capsnet.models.capsnet import CapsuleOutput
+from capsnet.models.precision import autocast_to
+
+# Keras' BatchNormalization defaults: moving averages kept at 0.99 per step (PyTorch's
+# momentum is the new batch's share, 1 - 0.99) and epsilon 1e-3 (PyTorch's default: 1e-5).
+BN_MOMENTUM = 0.01
+BN_EPS = 1e-3
+# Keras' truncated-normal initialisers cut at two standard deviations and divide the target
+# standard deviation by this, the standard deviation of a unit normal truncated there.
+TRUNCATED_NORMAL_STD = 0.87962566103423978
+
+
+def keras_truncated_normal_(tensor: torch.Tensor, variance: float) -> torch.Tensor:
+    """Fill ``tensor`` as Keras' VarianceScaling(distribution='truncated_normal') does:
+    a normal of standard deviation sqrt(variance) / 0.8796 cut at two of those."""
+    std = math.sqrt(variance) / TRUNCATED_NORMAL_STD
+    with torch.no_grad():
+        return nn.init.trunc_normal_(tensor, 0.0, std, -2 * std, 2 * std)
+
+
+def he_normal_(tensor: torch.Tensor, fan_in: int) -> torch.Tensor:
+    """Keras' ``he_normal``: variance 2 / fan_in."""
+    return keras_truncated_normal_(tensor, 2.0 / fan_in)
+
+
+class ConvReLUBN(nn.Module):
+    """A valid convolution, ReLU, then BatchNorm (the public code's order).
+    Input (B, C_in, H, W). Output (B, C_out, H', W')."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel: int, stride: int):
+        super().__init__()
+        self.conv = GemmConv2d(in_channels, out_channels, kernel, stride=stride)
+        self.norm = nn.BatchNorm2d(out_channels, eps=BN_EPS, momentum=BN_MOMENTUM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(torch.relu(self.conv(x)))
+
+
+class SelfAttentionCaps(nn.Module):
+    """A fully connected capsule layer: votes u_hat_j|i = W_ij^T u_i by one einsum, then
+    self-attention routing. W: (I, J, in_dim, out_dim) (16, 10, 8, 16 for MNIST).
+
+    Input u: (B, I, in_dim). Output :class:`~capsnet.layers.router.Routed` with poses
+    (B, J, out_dim). Votes and routing run in float32, also under autocast."""
+
+    def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int):
+        super().__init__()
+        self.W = nn.Parameter(torch.empty(in_caps, out_caps, in_dim, out_dim))
+        he_normal_(self.W, in_caps * out_caps * in_dim)  # Keras' fan-in of a 4-D kernel
+        self.router = SelfAttentionRouter(out_caps, in_caps)
+
+    def votes(self, u: torch.Tensor) -> torch.Tensor:
+        """u: (B, I, in_dim) -> u_hat: (B, J, I, out_dim), parent-major for the router."""
+        return torch.einsum("bik,ijkd->bjid", u, self.W)  # (B, 10, 16, 16)
+
+    def forward(self, u: torch.Tensor):
+        with torch.autocast(device_type=u.device.type, enabled=False):
+            return self.router(self.votes(full_precision(u)))
+
+
+class EfficientCapsNet(nn.Module):
+    """Input images (B, C, H, W) scaled to [0, 1]; output :class:`CapsuleOutput`, as
+    CapsNet's, so training, evaluation, prediction, losses and metrics treat both alike.
+
+    The decoder is fed the class capsules masked by ``labels`` when given (training), else
+    by the longest capsule (inference). ``compute_dtype`` (None: float32; set by
+    :func:`capsnet.tuning.apply_plan`) is the autocast dtype of the convolutions and the
+    decoder; votes, routing and squash run in float32 and every output is float32.
+    """
+
+    def __init__(self, config: EfficientCapsNetConfig = EfficientCapsNetConfig()):
+        super().__init__()
+        cfg = self.config = config
+        channels = (cfg.in_channels, *cfg.conv_channels)
+        self.features = nn.Sequential(*(
+            ConvReLUBN(c_in, c_out, kernel, stride) for c_in, c_out, kernel, stride
+            in zip(channels[:-1], channels[1:], cfg.conv_kernels, cfg.conv_strides, strict=True)))
+        self.primary_caps = DepthwisePrimaryCaps(cfg.conv_channels[-1], cfg.primary_dim,
+                                                 cfg.primary_kernel)
+        self.class_caps = SelfAttentionCaps(cfg.num_primary_caps, cfg.primary_dim,
+                                            cfg.num_classes, cfg.digit_dim)
+        image_shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
+        self.decoder = (Decoder(cfg.num_classes, cfg.digit_dim, cfg.decoder_hidden, image_shape)
+                        if cfg.use_decoder else None)
+        self.compute_dtype: torch.dtype | None = None
+        self._init_as_the_public_code()
+
+    def _init_as_the_public_code(self) -> None:
+        """Keras' initialisers of the public code (W is initialised in SelfAttentionCaps)."""
+        for block in self.features:
+            he_normal_(block.conv.weight, block.conv.weight[0].numel())
+            nn.init.zeros_(block.conv.bias)
+        nn.init.xavier_uniform_(self.primary_caps.conv.weight)  # Keras' Conv2D default
+        nn.init.zeros_(self.primary_caps.conv.bias)
+        if self.decoder is not None:
+            linears = [m for m in self.decoder.modules() if isinstance(m, nn.Linear)]
+            for linear in linears[:-1]:
+                he_normal_(linear.weight, linear.in_features)
+            last = linears[-1]
+            keras_truncated_normal_(last.weight, 2.0 / (last.in_features + last.out_features))
+            for linear in linears:
+                nn.init.zeros_(linear.bias)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
+        with autocast_to(x.device, self.compute_dtype):
+            h = self.features(x)  # (B, 128, 9, 9)
+            u = self.primary_caps(h)  # (B, 16, 8) float32
+            routed = self.class_caps(u)
+            v, lengths = routed.poses, routed.activations  # (B, 10, 16), (B, 10)
+            reconstructions = None
+            if self.decoder is not None:
+                keep = labels if labels is not None else lengths.argmax(dim=-1)  # (B,)
+                reconstructions = full_precision(self.decoder(v, keep))  # (B, 1, 28, 28)
+        return CapsuleOutput(lengths, v, reconstructions)
