@@ -89,9 +89,8 @@ def dynamic_reference(votes: torch.Tensor, iterations: int) -> Routed:
 def idpa_reference(votes: torch.Tensor, router: InvertedAttentionRouter) -> Routed:
     """Tsai et al. 2020, Procedure 1, for each example: p_j <- 0; repeat: a_ij = p_j . v_ij
     (Eq. 2, scaled by 1/sqrt(D) as in the authors' code); r_i = softmax_j(a_i) (Eq. 3, over
-    the parents); p_j = LayerNorm(sum_i r_ij v_ij) (lines 5-6). Score: sigmoid(w . p_j + w0)."""
+    the parents); s_j = sum_i r_ij v_ij, p_j = LayerNorm(s_j) (lines 5-6). Score: |squash(s_j)|."""
     gain, bias = router.norm.weight.tolist(), router.norm.bias.tolist()
-    w, w0 = router.readout.weight[0].tolist(), router.readout.bias.item()
     v_ = votes.tolist()  # [b][j][i][d]
     nb, nj, ni, nd = votes.shape
     poses, scores, couplings = [], [], [[] for _ in range(router.iterations)]
@@ -101,10 +100,11 @@ def idpa_reference(votes: torch.Tensor, router: InvertedAttentionRouter) -> Rout
             a = [[dot(p[j], v_[b][j][i]) / math.sqrt(nd) for j in range(nj)] for i in range(ni)]
             r = [softmax_list(a[i]) for i in range(ni)]  # [i][j]
             couplings[t].append([[r[i][j] for i in range(ni)] for j in range(nj)])
-            p = [layer_norm_list([sum(r[i][j] * v_[b][j][i][d] for i in range(ni))
-                                  for d in range(nd)], gain, bias) for j in range(nj)]
+            s = [[sum(r[i][j] * v_[b][j][i][d] for i in range(ni)) for d in range(nd)]
+                 for j in range(nj)]
+            p = [layer_norm_list(s[j], gain, bias) for j in range(nj)]
         poses.append(p)
-        scores.append([1 / (1 + math.exp(-(dot(w, p[j]) + w0))) for j in range(nj)])
+        scores.append([math.sqrt(dot(squash_list(s[j]), squash_list(s[j]))) for j in range(nj)])
     t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
     return Routed(t(poses), t(scores), tuple(t(c) for c in couplings))
 
@@ -194,15 +194,15 @@ def test_gradients_reach_the_votes_and_every_router_parameter(router):
 
 def test_inverted_attention_backpropagates_through_every_iteration():
     """As the authors' code: no detached iterations (dynamic routing detaches all but the
-    last unless routing_full_graph). The agreement's gradient reaches the votes through the
+    last unless routing_full_graph). The agreements' gradient reaches the votes through the
     coefficients r, which a detached iteration would cut."""
     votes = make_votes(seed=6).requires_grad_()
     router = idpa_router()
-    router(votes).activations.sum().backward()
+    router(votes).poses.sum().backward()
     full = votes.grad.clone()
     votes.grad = None
-    routed_fixed = router.pose(router(votes).couplings[-1].detach(), votes)  # r held fixed
-    torch.sigmoid(router.readout(routed_fixed).squeeze(-1)).sum().backward()
+    fixed_r = router(votes).couplings[-1].detach()  # (B, J, I) the last coefficients, held
+    router.norm(router.weighted_votes(fixed_r, votes)).sum().backward()
     assert not torch.allclose(full, votes.grad)
 
 
@@ -269,40 +269,39 @@ def authors_capsule_fc(x: torch.Tensor, w: torch.Tensor, norm: torch.nn.LayerNor
     return norm(value), coefficients
 
 
-def authors_class_capsules(x, w, norm, final_fc, num_routing):
-    """``CapsModel.forward``'s class-capsule layer and classifier (sequential routing): one
-    initial pass, num_routing - 1 refining passes, then the shared linear read-out."""
+def authors_class_capsules(x, w, norm, num_routing):
+    """``CapsModel.forward``'s class-capsule layer (sequential routing): one initial pass,
+    then num_routing - 1 refining passes. (Its classifier, a linear layer shared by the
+    classes, is not capsnet's class score: see capsnet.layers.attention_routing.)"""
     value, coefficients = authors_capsule_fc(x, w, norm, None)
     history = [coefficients]
     for _ in range(num_routing - 1):
         value, coefficients = authors_capsule_fc(x, w, norm, value)
         history.append(coefficients)
-    return value, final_fc(value).squeeze(-1), history
+    return value, history
 
 
 # float64: the coefficients differ by 1e-10 relative, the code's division by sum + 1e-10
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-9), (torch.float32, 1e-5)])
 def test_inverted_attention_matches_the_authors_code(dtype, tolerance):
-    """Same W, LayerNorm and read-out; poses, scores (sigmoid of their logits), routing
-    coefficients and the gradient of W agree to rounding."""
+    """Same W and LayerNorm: poses, routing coefficients and the gradient of W (through a
+    random linear function of the poses) agree to rounding."""
     n, a, m, d = 24, 8, 10, 16  # children, child pose, parents (classes), parent pose
     torch.manual_seed(0)
     caps = DigitCaps(n, a, m, d, idpa_router(dtype=dtype, pose_dim=d)).to(dtype)
     with torch.no_grad():
         caps.W.normal_(0, 0.5)
-    router = caps.router
     w = caps.W.detach().permute(0, 3, 1, 2).clone().requires_grad_()  # (n,m,d,a) -> (n,a,m,d)
     x = torch.randn(3, n, a, dtype=dtype)
+    probe = torch.randn(3, m, d, dtype=dtype)  # the loss: (poses * probe).sum()
 
     ours = caps(x)
-    poses, logits, history = authors_class_capsules(x, w, router.norm, router.readout,
-                                                    ITERATIONS)
+    poses, history = authors_class_capsules(x, w, caps.router.norm, ITERATIONS)
     gaps = {"poses": (ours.poses - poses).abs().max(),
-            "scores": (ours.activations - torch.sigmoid(logits)).abs().max(),
             "couplings": max((c - h.transpose(1, 2)).abs().max()
                              for c, h in zip(ours.couplings, history, strict=True))}
-    ours.activations.sum().backward()
-    torch.sigmoid(logits).sum().backward()
+    (ours.poses * probe).sum().backward()
+    (poses * probe).sum().backward()
     gaps["grad W"] = (caps.W.grad - w.grad.permute(0, 2, 3, 1)).abs().max()
     gaps = {k: float(v.detach()) for k, v in gaps.items()}
     print(dtype, {k: f"{v:.1e}" for k, v in gaps.items()})  # the parity figure in the docs

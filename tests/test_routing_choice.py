@@ -133,13 +133,12 @@ def test_inverted_attention_capsnet_trains_every_parameter_and_scores_in_0_1():
     model = small_idpa()
     x, y = torch.rand(3, 1, 28, 28), torch.tensor([0, 4, 9])
     out = model(x, y)
-    assert ((out.lengths > 0) & (out.lengths < 1)).all()
+    assert ((out.lengths >= 0) & (out.lengths < 1)).all()
     capsule_loss(out, x, y).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
         assert p.grad.abs().sum() > 0, name
-    extra = {"digit_caps.router.norm.weight", "digit_caps.router.norm.bias",
-             "digit_caps.router.readout.weight", "digit_caps.router.readout.bias"}
+    extra = {"digit_caps.router.norm.weight", "digit_caps.router.norm.bias"}
     assert set(model.state_dict()) == set(build_model(make_config("capsnet", "small"))
                                           .state_dict()) | extra
 

@@ -29,12 +29,15 @@ convolutions, so the concurrent and the sequential schedules are the same comput
 is implemented is T iterations of Procedure 1 on this one layer.
 
 Class score. The paper reads each class capsule's final pose with one linear layer shared
-by every class (logit_j = w . p_j + b, then a softmax and cross-entropy). A LayerNorm'd pose
-has a length of about sqrt(D) whatever the evidence, so its length (squashed or not) cannot
-be a class score. capsnet keeps the paper's shared linear read-out and passes it through a
-logistic, a_j = sigmoid(w . p_j + b) in (0, 1), so that the margin loss and its m+ = 0.9,
-m- = 0.1 apply as to capsule lengths: the router's ``activations`` are these a_j. The read-out
-adds D + 1 parameters, the LayerNorm 2 D.
+by every class (logit_j = w . p_j + b, then a softmax and cross-entropy). capsnet trains
+with the margin loss, which needs a score in [0, 1) per class, and a LayerNorm'd pose has a
+length of about sqrt(D) whatever the evidence. The score is therefore the length of the
+squashed pose before normalisation, a_j = |squash(s_j)| with s_j = sum_i r_ij v_ij of the
+last iteration: dynamic routing's |v_j| (Sabour et al., Eq. 1), computed with the inverted
+attention's coefficients, large when many children send agreeing votes to j. It adds no
+parameter. (The paper's shared read-out through a logistic, sigmoid(w . p_j + b), also fits
+the margin loss, but in a tiny trial (small preset, 500 MNIST images, 3 epochs) it stayed
+at chance, 11% validation accuracy, where the length reached 64%, as dynamic routing's 60%.)
 """
 from __future__ import annotations
 
@@ -48,15 +51,15 @@ from capsnet.layers.router import (
     register_router,
     uniform_couplings,
 )
-from capsnet.layers.squash import full_precision
+from capsnet.layers.squash import full_precision, squash
 
 
 @register_router
 class InvertedAttentionRouter(Router):
-    """votes (B, J, I, D) -> poses p (B, J, D) (LayerNorm'd), activations
-    sigmoid(w . p_j + b) (B, J), and the routing coefficients r (B, J, I) of every
-    iteration (the first the uniform 1/J). Children's activations are not used (the
-    algorithm has none). Runs in float32 under autocast."""
+    """votes (B, J, I, D) -> poses p (B, J, D) (LayerNorm'd), activations |squash(s_j)|
+    (B, J) and the routing coefficients r (B, J, I) of every iteration (the first the
+    uniform 1/J). Children's activations are not used (the algorithm has none). Runs in
+    float32 under autocast; its parameters are the LayerNorm's gain and bias."""
 
     name = "inverted-attention"
 
@@ -67,7 +70,6 @@ class InvertedAttentionRouter(Router):
         self.iterations = iterations
         self.scale = pose_dim ** -0.5  # 1/sqrt(D), as in the authors' code
         self.norm = nn.LayerNorm(pose_dim)  # line 6
-        self.readout = nn.Linear(pose_dim, 1)  # the class logit of a pose, shared by all j
 
     @classmethod
     def from_config(cls, config, *, children: int, parents: int,
@@ -77,10 +79,10 @@ class InvertedAttentionRouter(Router):
     def extra_repr(self) -> str:
         return f"iterations={self.iterations}"
 
-    def pose(self, r: torch.Tensor, votes: torch.Tensor) -> torch.Tensor:
-        """Lines 5-6: p_j = LayerNorm(sum_i r_ij v_ij). r: (B, J, I), votes: (B, J, I, D)."""
-        s = torch.matmul(r.unsqueeze(2), votes).squeeze(2)  # (B,J,1,I) @ (B,J,I,D) -> (B,J,D)
-        return self.norm(s)  # (B, J, D)
+    @staticmethod
+    def weighted_votes(r: torch.Tensor, votes: torch.Tensor) -> torch.Tensor:
+        """Line 5: s_j = sum_i r_ij v_ij. r: (B, J, I), votes: (B, J, I, D) -> (B, J, D)."""
+        return torch.matmul(r.unsqueeze(2), votes).squeeze(2)  # (B,J,1,I) @ (B,J,I,D)
 
     def agreement(self, p: torch.Tensor, votes: torch.Tensor) -> torch.Tensor:
         """Eq. 2, scaled: a_ij = p_j . v_ij / sqrt(D). p: (B, J, D) -> (B, J, I)."""
@@ -95,19 +97,22 @@ class InvertedAttentionRouter(Router):
             J = votes.shape[1]
             r = uniform_couplings(votes, 1.0 / J, votes.dtype)  # (B, J, I): p = 0 -> a = 0
             couplings = [r]
-            p = self.pose(r, votes)  # (B, J, D)
+            s = self.weighted_votes(r, votes)  # (B, J, D)
             for _ in range(self.iterations - 1):
-                r = torch.softmax(self.agreement(p, votes), dim=1)  # (B, J, I), over parents
+                r = torch.softmax(self.agreement(self.norm(s), votes), dim=1)  # (B, J, I)
                 couplings.append(r)
-                p = self.pose(r, votes)  # (B, J, D)
-            scores = torch.sigmoid(self.readout(p).squeeze(-1))  # (B, J) in (0, 1)
+                s = self.weighted_votes(r, votes)  # (B, J, D)
+            p = self.norm(s)  # (B, J, D) line 6
+            scores = torch.linalg.vector_norm(squash(s), dim=-1)  # (B, J) in [0, 1)
         return Routed(p, scores, tuple(couplings))
 
     @torch.no_grad()
     def agreements(self, votes: torch.Tensor,
                    activations: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """Eq. 2 (scaled) for the poses of every iteration, (B, J, I) each: the softmax over
-        j of iteration r's is iteration r + 1's coefficients."""
-        routed = self(votes)
-        votes = full_precision(votes)  # (B, J, I, D)
-        return tuple(self.agreement(self.pose(r, votes), votes) for r in routed.couplings)
+        j of iteration t's is iteration t + 1's coefficients."""
+        with torch.autocast(device_type=votes.device.type, enabled=False):
+            couplings = self(votes).couplings
+            votes = full_precision(votes)  # (B, J, I, D)
+            return tuple(self.agreement(self.norm(self.weighted_votes(r, votes)), votes)
+                         for r in couplings)
