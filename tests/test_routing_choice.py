@@ -13,7 +13,13 @@ from capsnet.cli.main import main
 from capsnet.config import CapsNetConfig, config_from_dict, config_to_dict, make_config
 from capsnet.data.datasets import load_split
 from capsnet.export import export_weights
-from capsnet.layers import DynamicRouter, InvertedAttentionRouter, dynamic_routing, full_precision
+from capsnet.layers import (
+    DynamicRouter,
+    InvertedAttentionRouter,
+    Router,
+    dynamic_routing,
+    full_precision,
+)
 from capsnet.loading import DEFAULT_WEIGHTS, load_checkpoint, load_model, model_from_checkpoint
 from capsnet.losses import capsule_loss
 from capsnet.models import CapsNet, build_model, count_parameters
@@ -159,6 +165,24 @@ def test_the_trace_shows_the_inverted_attention_couplings():
     for r in range(1, R):  # Eq. 3: r(t + 1) = softmax over j of the agreements of t
         torch.testing.assert_close(trace.couplings[:, r],
                                    torch.softmax(trace.agreements[:, r - 1], dim=1))
+
+
+def test_the_web_panel_names_the_router_and_a_trace_needs_no_agreements():
+    from capsnet.web.app import routing_maps
+
+    model = small_idpa().eval()
+    image = torch.randint(0, 255, (1, 28, 28), dtype=torch.uint8).numpy()
+    maps = routing_maps(model, image)
+    assert maps["routing"] == "inverted-attention" and maps["first_uniform"]
+    assert maps["uniform"] == pytest.approx(1 / model.config.num_classes)
+
+    class Quiet(InvertedAttentionRouter):  # a router without Router.agreements
+        name = "quiet"
+        agreements = Router.agreements
+
+    model.digit_caps.router = Quiet(model.config.digit_dim, 2)
+    trace = routing_trace(model, torch.from_numpy(image))
+    assert trace.agreements is None and trace.iterations == 2 and trace.routing == "quiet"
 
 
 # ---- the command line ----------------------------------------------------------------------
