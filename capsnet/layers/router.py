@@ -6,7 +6,9 @@ capsule. Every algorithm in capsnet is a :class:`Router` (an ``nn.Module``) whos
 ``forward(votes, activations)`` returns a :class:`Routed`; a model holds one and never
 asks which it is. Routers are registered by name in :data:`ROUTERS`, so a config field
 (``CapsNetConfig.routing``) and ``--routing NAME`` choose one, and ``routing_trace``,
-``capsnet routing`` and the web panel read the couplings of whichever the model uses.
+``capsnet routing`` and the web panel read the couplings of whichever the model uses. A
+model builds its router with ``router_class(config.routing).from_config(config,
+children=I, parents=J, pose_dim=D)``; importing :mod:`capsnet.layers` registers them all.
 
 Shapes (B batch, J parents, I children seen by each parent, D pose size):
 
