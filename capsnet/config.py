@@ -37,6 +37,10 @@ class CapsNetConfig:
     primary_kernel: int = 9
     primary_stride: int = 2
     digit_dim: int = 16
+    # The routing algorithm from primary to digit capsules, by its registered name
+    # (capsnet.layers.router.ROUTERS): 'dynamic' (the paper's Procedure 1) or
+    # 'inverted-attention' (Tsai et al. 2020). Checkpoints without the field are 'dynamic'.
+    routing: str = "dynamic"
     routing_iterations: int = 3
     routing_full_graph: bool = False  # backpropagate through every routing iteration
     # Section 7 (CIFAR-10): a "none-of-the-above" category in the routing softmax, a logit
@@ -66,6 +70,9 @@ class CapsNetConfig:
                 f"(--image-size N resizes the images)")
         if self.routing_iterations < 1:
             raise ValueError("routing_iterations must be at least 1")
+        from capsnet.layers.router import router_class  # here: the layers import this module
+
+        router_class(self.routing)  # a ValueError naming the choices for an unknown name
         _freeze_tuples(self, "decoder_hidden", "class_names")
         _check_data_fields(self)
 

@@ -1,14 +1,16 @@
-"""Routing by agreement made visible: what each routing iteration did for a batch.
+"""Routing made visible: what each routing iteration did for a batch.
 
     >>> from capsnet.routing_trace import routing_trace
     >>> trace = routing_trace(model, images)  # images: (B, C, H, W) in [0, 1], or uint8
-    >>> trace.couplings.shape  # (B, R, J, I): c after each iteration's softmax
+    >>> trace.couplings.shape  # (B, R, J, I): each iteration's couplings
     >>> trace.coupling_maps().shape  # (B, R, J, G, G): mean over the capsule types
 
 The trace runs the model's own layers (``conv1``, ``primary_caps``,
-``digit_caps.predictions`` and :func:`capsnet.layers.routing.routing_steps`) under
-``torch.no_grad()`` in the model's compute precision, so its ``v`` and ``lengths`` are the
-model's outputs; the model itself is neither changed nor slowed (training never calls this).
+``digit_caps.predictions`` and ``digit_caps.router``, whichever routing algorithm it is)
+under ``torch.no_grad()`` in the model's compute precision, so its ``v`` and ``lengths``
+are the model's outputs and its couplings the router's own (``Routed.couplings``: c_ij for
+dynamic routing, r_ij for inverted-attention routing); the model itself is neither changed
+nor slowed (training never calls this).
 
 Primary capsules are indexed type-major, i = (type, row, column), as
 :class:`capsnet.layers.PrimaryCaps` lays them out; ``on_grid`` undoes that flattening.
@@ -22,7 +24,6 @@ from torch import nn
 
 from capsnet.config import CapsNetConfig
 from capsnet.data.augment import to_model_input
-from capsnet.layers.routing import routing_steps, uniform_share
 from capsnet.layers.squash import full_precision
 from capsnet.models.precision import autocast_to
 
@@ -32,12 +33,15 @@ class RoutingTrace:
     """Every routing iteration for a batch of B images; R iterations, J digit capsules,
     I = types * G * G primary capsules. All tensors float32."""
 
-    couplings: torch.Tensor  # (B, R, J, I) c used by iteration r; iteration 1 is 1/J
-    agreements: torch.Tensor  # (B, R, J, I) u_hat . v after iteration r (the last is unused)
+    couplings: torch.Tensor  # (B, R, J, I) used by iteration r (dynamic: iteration 1 is 1/J)
+    # (B, R, J, I) u_hat . v after iteration r (the last is unused); None for a router
+    # without such a quantity (Router.agreements)
+    agreements: torch.Tensor | None
     v: torch.Tensor  # (B, J, D) output poses: the model's own
-    lengths: torch.Tensor  # (B, J) capsule lengths: the class scores
+    lengths: torch.Tensor  # (B, J) the class scores (capsule lengths for dynamic routing)
     primary_lengths: torch.Tensor  # (B, types, G, G) lengths of the primary capsules
     u_hat_norms: torch.Tensor  # (B, J, I) |u_hat_j|i|, the length of each prediction
+    routing: str = "dynamic"  # the router's name (capsnet.layers.router.ROUTERS)
 
     @property
     def iterations(self) -> int:
@@ -100,7 +104,8 @@ def routing_trace(model: nn.Module, images: torch.Tensor) -> RoutingTrace:
 
     Uses the model's layers in its ``compute_dtype`` (the convolutions under autocast as in
     ``CapsNet.forward``; predictions and routing in float32), so ``v`` and ``lengths`` equal
-    the model's outputs for the same batch. Raises ValueError for a model without routing.
+    the model's outputs for the same batch, whichever router ``model.digit_caps`` holds.
+    Raises ValueError for a model without routing.
     """
     if not hasattr(model, "digit_caps") or not hasattr(model, "primary_caps"):
         raise ValueError(f"routing needs a CapsNet; this model is a {type(model).__name__}")
@@ -112,25 +117,19 @@ def routing_trace(model: nn.Module, images: torch.Tensor) -> RoutingTrace:
     with autocast_to(device, getattr(model, "compute_dtype", None)):
         h = torch.relu(model.conv1(model.input_norm(x)))  # (B, 256, 20, 20)
         u = model.primary_caps(h)  # (B, I, 8) float32
+    router = model.digit_caps.router
     with torch.autocast(device_type=device.type, enabled=False):
         u_hat = model.digit_caps.predictions(full_precision(u))  # (B, J, I, D)
-        caps = model.digit_caps
-        uniform = uniform_share(u_hat.shape[1], caps.none_of_the_above)
-        couplings, agreements = [], []
-        for step in routing_steps(u_hat, caps.iterations, caps.full_graph, caps.none_of_the_above):
-            c = step.c if step.c is not None else \
-                torch.full_like(u_hat[..., 0], uniform)  # (B, J, I): the uniform first couplings
-            agreement = step.agreement if step.agreement is not None else \
-                torch.matmul(u_hat, step.v.unsqueeze(-1)).squeeze(-1)  # (B, J, I)
-            couplings.append(c)
-            agreements.append(agreement)
-            v = step.v  # (B, J, D)
+        routed = router(u_hat)
+        agreements = router.agreements(u_hat)  # R x (B, J, I), or None
+    v = routed.poses  # (B, J, D)
     types, grid = model.primary_caps.types, model.config.primary_grid
     return RoutingTrace(
-        couplings=torch.stack(couplings, dim=1).float(),  # (B, R, J, I)
-        agreements=torch.stack(agreements, dim=1).float(),  # (B, R, J, I)
+        couplings=torch.stack(routed.couplings, dim=1).float(),  # (B, R, J, I)
+        agreements=None if agreements is None else torch.stack(agreements, dim=1).float(),
         v=v,
-        lengths=torch.linalg.vector_norm(v, dim=-1),  # (B, J)
+        lengths=routed.activations,  # (B, J)
         primary_lengths=torch.linalg.vector_norm(u, dim=-1).view(B, types, grid, grid).float(),
         u_hat_norms=torch.linalg.vector_norm(u_hat, dim=-1).float(),  # (B, J, I)
+        routing=router.name,
     )

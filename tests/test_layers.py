@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capsnet.layers import Decoder, DigitCaps, PrimaryCaps, squash
+from capsnet.layers import Decoder, DigitCaps, DynamicRouter, PrimaryCaps, squash
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 
@@ -102,7 +102,7 @@ def test_primary_caps_shape_and_type_major_order():
 
 def test_digit_caps_einsum_equals_plain_loop_and_expanded_matmul():
     B, I, K, J, D = 2, 5, 3, 4, 6
-    layer = DigitCaps(I, K, J, D, iterations=3).double()
+    layer = DigitCaps(I, K, J, D, DynamicRouter(iterations=3)).double()
     u = torch.randn(B, I, K, dtype=torch.float64)
     u_hat = layer.predictions(u).transpose(1, 2)  # output-major (B, J, I, D) -> (B, I, J, D)
     assert u_hat.shape == (B, I, J, D)
@@ -121,10 +121,13 @@ def test_digit_caps_einsum_equals_plain_loop_and_expanded_matmul():
 
 
 def test_digit_caps_forward_shape_and_lengths():
-    layer = DigitCaps(in_caps=7, in_dim=4, out_caps=3, out_dim=5, iterations=2)
-    v = layer(torch.randn(1, 7, 4))  # batch of one
+    layer = DigitCaps(in_caps=7, in_dim=4, out_caps=3, out_dim=5, router=DynamicRouter(2))
+    routed = layer(torch.randn(1, 7, 4))  # batch of one
+    v = routed.poses
     assert v.shape == (1, 3, 5)
     assert (v.norm(dim=-1) < 1).all()
+    assert torch.equal(routed.activations, torch.linalg.vector_norm(v, dim=-1))
+    assert len(routed.couplings) == 2 and routed.couplings[0].shape == (1, 3, 7)
 
 
 # --- Decoder ------------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def test_shapes_through_every_layer_of_the_paper_capsnet(paper_capsnet, B):
         assert u.shape == (B, 1152, 8)
         u_hat = model.digit_caps.predictions(u)
         assert u_hat.shape == (B, 10, 1152, 16)  # output-major for the routing
-        v = model.digit_caps(u)
+        v = model.digit_caps(u).poses
         assert v.shape == (B, 10, 16)
         recon = model.decoder(v, torch.zeros(B, dtype=torch.long))
         assert recon.shape == (B, 1, 28, 28)

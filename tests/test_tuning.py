@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from capsnet.config import CapsNetConfig, make_config
-from capsnet.layers import routing as routing_module
 from capsnet.models import CapsNet, build_model
 from capsnet.tuning import (
     INFERENCE_BATCH,
@@ -199,18 +198,12 @@ def test_the_cnn_is_tuned_too_and_its_dropout_leaves_the_random_state_alone():
     assert plan.context_timings  # the cheaper layers were timed inside whole steps
 
 
-def test_bf16_plan_keeps_routing_squash_and_outputs_in_float32(monkeypatch):
+def test_bf16_plan_keeps_routing_squash_and_outputs_in_float32():
     model = CapsNet(TINY)
     apply_plan(model, SpeedPlan("bf16", {"conv1": "gemm", "primary_caps.conv": "native"}))
     seen = {}
-    original = routing_module.dynamic_routing
-
-    def spy(u_hat, *args, **kwargs):
-        v = original(u_hat, *args, **kwargs)
-        seen["v"] = v.dtype
-        return v
-
-    monkeypatch.setattr("capsnet.layers.digit_caps.dynamic_routing", spy)
+    model.digit_caps.router.register_forward_hook(
+        lambda m, a, routed: seen.update(v=routed.poses.dtype))
     u, conv_out = {}, {}
     model.primary_caps.register_forward_hook(lambda m, a, out: u.update(u=out.dtype))
     model.primary_caps.conv.register_forward_hook(

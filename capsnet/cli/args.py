@@ -16,6 +16,7 @@ from capsnet.data.model_view import load_test_set
 from capsnet.data.sources import DataNotFoundError
 from capsnet.devices import pick_device, tune_backends
 from capsnet.layers.gemm_conv import CONV_IMPLS
+from capsnet.layers.router import ROUTERS
 from capsnet.loading import CheckpointError, load_model
 from capsnet.models.precision import PRECISIONS
 from capsnet.training.loop import NonFiniteLossError
@@ -139,6 +140,10 @@ def add_recipe_args(p: argparse.ArgumentParser,
                         "none-of-the-above routing category, 24x24 crops) and 'svhn'")
     add_data_args(p)
     add_schedule_args(p)
+    p.add_argument("--routing", default=DEFAULTS.routing, choices=sorted(ROUTERS),
+                   help="CapsNet: how primary capsules are routed to the class capsules: "
+                        "'dynamic' (the paper's routing by agreement) or "
+                        "'inverted-attention' (Tsai et al. 2020); see docs/models.md")
     p.add_argument("--routing-iterations", type=int, default=DEFAULTS.routing_iterations)
     p.add_argument("--reconstruction-weight", type=float, default=DEFAULTS.reconstruction_weight,
                    help="0 trains CapsNet without the decoder")

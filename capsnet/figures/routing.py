@@ -98,7 +98,9 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
     where ``wrong``); centres (G,) and field: the primary grid's receptive fields
     (:func:`capsnet.routing_trace.receptive_fields`); class_names (J,) name the capsules."""
     N, R, J = coupling_maps.shape[:3]
-    uniform = float(np.asarray(coupling_maps)[0, 0, 0].mean())  # iteration 1: every coupling equal
+    first = np.asarray(coupling_maps)[:, 0]  # (N, J, G, G) iteration 1's couplings
+    first_uniform = bool(np.ptp(first) == 0)  # dynamic and inverted-attention routing: 1/J
+    uniform = float(first[0, 0].mean()) if first_uniform else 1.0 / J
     columns = 2 + R + 1  # input, support, R coupling iterations, runner-up
     fig = Figure(figsize=(columns * PANEL_INCHES + 1.5, N * PANEL_INCHES + 0.6),
                  layout="constrained")
@@ -128,7 +130,7 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
         norm = Normalize(uniform - spread, uniform + spread)
         for r, ax in enumerate(row[2:2 + R]):
             draw_coupling_map(ax, shown[r], grey, centres, norm)
-            note = " (uniform)" if r == 0 else ""
+            note = " (uniform)" if r == 0 and first_uniform else ""
             ax.set_title(f"c to {_name(winner, class_names)}, iteration {r + 1}{note}",
                          fontsize=8)
             ax.set_xlabel(f"mean {shown[r].mean():.4f}", fontsize=7)

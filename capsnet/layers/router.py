@@ -6,7 +6,9 @@ capsule. Every algorithm in capsnet is a :class:`Router` (an ``nn.Module``) whos
 ``forward(votes, activations)`` returns a :class:`Routed`; a model holds one and never
 asks which it is. Routers are registered by name in :data:`ROUTERS`, so a config field
 (``CapsNetConfig.routing``) and ``--routing NAME`` choose one, and ``routing_trace``,
-``capsnet routing`` and the web panel read the couplings of whichever the model uses.
+``capsnet routing`` and the web panel read the couplings of whichever the model uses. A
+model builds its router with ``router_class(config.routing).from_config(config,
+children=I, parents=J, pose_dim=D)``; importing :mod:`capsnet.layers` registers them all.
 
 Shapes (B batch, J parents, I children seen by each parent, D pose size):
 
@@ -42,14 +44,46 @@ class Routed(NamedTuple):
 
 class Router(nn.Module):
     """Base class of routing algorithms. Subclasses set :attr:`name` (the registry key and
-    the ``--routing`` choice) and implement :meth:`forward`."""
+    the ``--routing`` choice) and implement :meth:`from_config` and :meth:`forward`;
+    :meth:`agreements` is optional (for traces and figures only)."""
 
     name: ClassVar[str] = ""
+
+    @classmethod
+    def from_config(cls, config, *, children: int, parents: int,
+                    pose_dim: int) -> Router:  # pragma: no cover - abstract
+        """The router of a capsule layer with ``children`` inputs and ``parents`` outputs
+        of ``pose_dim`` numbers each, its options read from ``config`` (a
+        :class:`capsnet.config.CapsNetConfig`: ``routing_iterations``, ...)."""
+        raise NotImplementedError
 
     def forward(self, votes: torch.Tensor, activations: torch.Tensor | None = None,
                 children: torch.Tensor | None = None,
                 num_children: int | None = None) -> Routed:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def agreements(self, votes: torch.Tensor,
+                   activations: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
+        """Per iteration, (B, J, I) how well child i's vote agreed with the pose parent j
+        got in that iteration, for traces and figures (training never calls this); None
+        (the default) where the algorithm has no such quantity."""
+        return None
+
+
+def uniform_couplings(votes: torch.Tensor, share: float,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(B, J, I) couplings all equal to ``share`` (e.g. a first iteration's 1/J) for
+    ``votes`` (B, J, I, D), as a view of one number: nothing is allocated per child, so
+    reporting them costs nothing."""
+    B, J, I = votes.shape[:3]  # noqa: E741 (the paper's name for the children)
+    return torch.full((1, 1, 1), share, dtype=dtype, device=votes.device).expand(B, J, I)
+
+
+def fully_connected_only(router: Router, children: torch.Tensor | None) -> None:
+    """ValueError unless every parent sees the same children (``children`` is None)."""
+    if children is not None:
+        raise ValueError(f"{router.name} routing is implemented for fully connected capsule "
+                         f"layers only (children=None)")
 
 
 ROUTERS: dict[str, type[Router]] = {}

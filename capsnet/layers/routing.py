@@ -6,6 +6,13 @@ from typing import NamedTuple
 
 import torch
 
+from capsnet.layers.router import (
+    Routed,
+    Router,
+    fully_connected_only,
+    register_router,
+    uniform_couplings,
+)
 from capsnet.layers.squash import full_precision, squash
 
 
@@ -80,3 +87,60 @@ def dynamic_routing(u_hat: torch.Tensor, iterations: int, full_graph: bool = Fal
     for step in routing_steps(u_hat, iterations, full_graph, none_of_the_above):
         v = step.v
     return v
+
+
+@register_router
+class DynamicRouter(Router):
+    """Procedure 1 as a :class:`~capsnet.layers.router.Router`: votes u_hat (B, J, I, D)
+    -> poses v (B, J, D), activations |v| (B, J) (a capsule's length is its class score),
+    and the couplings c (B, J, I) of every iteration. The first iteration's are the uniform
+    1/J (1/(J+1) with the none-of-the-above category), reported as a stride-0 view: the
+    routing itself never builds them. Child activations are not used: in dynamic routing a
+    child's length is inside its vote. No parameters: a model's state_dict is unchanged."""
+
+    name = "dynamic"
+
+    def __init__(self, iterations: int, full_graph: bool = False,
+                 none_of_the_above: bool = False):
+        super().__init__()
+        if iterations < 1:
+            raise ValueError("routing needs at least 1 iteration")
+        self.iterations, self.full_graph = iterations, full_graph
+        self.none_of_the_above = none_of_the_above
+
+    @classmethod
+    def from_config(cls, config, *, children: int, parents: int, pose_dim: int) -> DynamicRouter:
+        return cls(config.routing_iterations, config.routing_full_graph,
+                   config.none_of_the_above)
+
+    def extra_repr(self) -> str:
+        return (f"iterations={self.iterations}, full_graph={self.full_graph}, "
+                f"none_of_the_above={self.none_of_the_above}")
+
+    def steps(self, u_hat: torch.Tensor) -> Iterator[RoutingStep]:
+        return routing_steps(u_hat, self.iterations, self.full_graph, self.none_of_the_above)
+
+    def forward(self, votes: torch.Tensor, activations: torch.Tensor | None = None,
+                children: torch.Tensor | None = None,
+                num_children: int | None = None) -> Routed:
+        fully_connected_only(self, children)
+        c = []
+        for step in self.steps(votes):
+            c.append(step.c)  # (B, J, I); None in the first iteration
+        v = step.v  # (B, J, D) float32
+        c[0] = uniform_couplings(votes, uniform_share(votes.shape[1], self.none_of_the_above),
+                                 v.dtype)  # (B, J, I) a view of 1/J
+        return Routed(v, torch.linalg.vector_norm(v, dim=-1), tuple(c))  # (B,J,D), (B,J)
+
+    def agreements(self, votes: torch.Tensor,
+                   activations: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """u_hat . v of every iteration (B, J, I); the sum of the first r is the logits b
+        of iteration r + 1. The last one, which routing does not use, is computed here."""
+        u_hat = full_precision(votes)  # (B, J, I, D)
+        out = []
+        for step in self.steps(u_hat):
+            agreement = step.agreement  # (B, J, I); None after the last iteration
+            if agreement is None:
+                agreement = torch.matmul(u_hat, step.v.unsqueeze(-1)).squeeze(-1)  # (B, J, I)
+            out.append(agreement)
+        return tuple(out)

@@ -82,6 +82,7 @@ def build_training(settings: TrainSettings, overrides: dict, device: torch.devic
     optimiser steps an epoch, and the EMA when ``settings.ema_decay`` > 0. Under DDP every
     rank builds the same (same seed), so every rank's EMA averages the same weights."""
     config = make_config(settings.model, settings.preset, **overrides,
+                         routing=settings.routing,
                          routing_iterations=settings.routing_iterations,
                          use_decoder=settings.reconstruction_weight > 0)
     model = build_model(config).to(device)

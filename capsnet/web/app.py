@@ -14,7 +14,11 @@ Routes:
                        "routing": {"iterations": R, "capsules": J, "grid": G, "types": T,
                        "size": the input's side in pixels,
                        "centres": [G receptive-field centres in input pixels], "field": side,
-                       "uniform": 1/J, "couplings": (R, J, G, G) mean coupling over types,
+                       "routing": the router's name ("dynamic", "inverted-attention"),
+                       "uniform": the first iteration's coupling where it is the same for
+                       every pair (1/J for dynamic and inverted-attention routing), else 1/J,
+                       "first_uniform": whether it is,
+                       "couplings": (R, J, G, G) mean coupling over types,
                        "support": (R, J, G, G) |c u_hat| summed over types, "shares": (R, J)
                        share of the primary output routed to each capsule,
                        "coupling_spread": max |c - 1/J| of the maps, "support_max": max}
@@ -176,10 +180,13 @@ def routing_maps(model: nn.Module, image: np.ndarray) -> dict:
     support = trace.support_maps()[0].cpu()  # (R, J, G, G)
     J = couplings.shape[1]
     centres, field = receptive_fields(model.config)
+    first = trace.couplings[0, 0]  # (J, I) the first iteration's couplings
+    first_uniform = bool((first == first[0, 0]).all())
     return {"iterations": trace.iterations, "capsules": J, "grid": trace.grid,
             "size": int(image.shape[-1]),
             "types": trace.types, "centres": centres, "field": field,
-            "uniform": float(trace.couplings[0, 0, 0, 0]),  # iteration 1: all couplings equal
+            "routing": trace.routing, "first_uniform": first_uniform,
+            "uniform": float(first[0, 0]) if first_uniform else 1.0 / J,
             "couplings": _rounded(couplings), "support": _rounded(support),
             "shares": _rounded(trace.routed_shares()[0].cpu()),  # (R, J)
             "coupling_spread": float((couplings - 1.0 / J).abs().max()),

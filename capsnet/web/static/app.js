@@ -238,7 +238,8 @@ function showRouting(reply) {
   delete supportCanvas.dataset.input;  // set to "drawn" once the input is under the maps
   routingHint.textContent = `Where a class capsule's input comes from: each cell is one ` +
     `position of the ${maps.grid}\u00d7${maps.grid} primary-capsule grid (${maps.types} ` +
-    `capsule types each), drawn at the centre of its ${maps.field}-pixel receptive field.`;
+    `capsule types each), drawn at the centre of its ${maps.field}-pixel receptive field. ` +
+    `Routing algorithm: ${maps.routing}.`;
   buildChoices(capsulesEl, maps.capsules, "caps", (j) => shortName(state.names[j]),
                (j) => { state.capsule = j; drawRouting(); }, (j) => String(j));
   capsulesEl.children[state.winner].classList.add("winner");
@@ -350,7 +351,8 @@ function drawRouting() {
   const share = 100 * maps.shares[iteration][capsule];
   const mean = sum / (maps.grid * maps.grid);
   routingCaption.textContent = `Capsule ${names[capsule]}` + (capsule === winner ? " (the prediction)" : "") +
-    `, iteration ${iteration + 1} of ${maps.iterations}` + (iteration === 0 ? " (uniform)" : "") +
+    `, iteration ${iteration + 1} of ${maps.iterations}` +
+    (iteration === 0 && maps.first_uniform ? " (uniform)" : "") +
     `: ${share.toFixed(1)}% of the primary capsules' output is routed here ` +
     `(uniform: ${(100 * maps.uniform).toFixed(1)}%); mean coupling ${mean.toFixed(4)}.`;
 }

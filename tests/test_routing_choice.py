@@ -1,0 +1,219 @@
+"""The routing algorithm as a model option: the paper model is bit-for-bit what it was before
+routers (outputs, gradients, state_dict, shipped weights), ``routing`` round-trips through
+configs and checkpoints, and ``capsnet train --routing inverted-attention`` runs, saves,
+resumes and rebuilds its router."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from capsnet.cli.main import main
+from capsnet.config import CapsNetConfig, config_from_dict, config_to_dict, make_config
+from capsnet.data.datasets import load_split
+from capsnet.export import export_weights
+from capsnet.layers import (
+    DynamicRouter,
+    InvertedAttentionRouter,
+    Router,
+    dynamic_routing,
+    full_precision,
+)
+from capsnet.loading import DEFAULT_WEIGHTS, load_checkpoint, load_model, model_from_checkpoint
+from capsnet.losses import capsule_loss
+from capsnet.models import CapsNet, build_model, count_parameters
+from capsnet.routing_trace import routing_trace
+from capsnet.training.checkpoint import save_checkpoint
+
+torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
+
+PAPER_PARAMETERS = 8_215_568
+
+
+def old_forward(model: CapsNet, x: torch.Tensor, labels: torch.Tensor | None = None):
+    """CapsNet.forward as it was before routers: DigitCaps' predictions, then a direct call
+    of ``dynamic_routing`` with the config's options, lengths |v| as the class scores."""
+    cfg = model.config
+    h = torch.relu(model.conv1(model.input_norm(x)))  # (B, 256, 20, 20)
+    u = model.primary_caps(h)  # (B, 1152, 8)
+    u_hat = model.digit_caps.predictions(full_precision(u))  # (B, 10, 1152, 16)
+    v = dynamic_routing(u_hat, cfg.routing_iterations, cfg.routing_full_graph,
+                        cfg.none_of_the_above)  # (B, 10, 16)
+    lengths = torch.linalg.vector_norm(v, dim=-1)  # (B, 10)
+    keep = labels if labels is not None else lengths.argmax(dim=-1)
+    return lengths, v, model.decoder(v, keep)
+
+
+def assert_bit_identical(model: CapsNet, x: torch.Tensor) -> None:
+    with torch.no_grad():
+        new, old = model(x), old_forward(model, x)
+    for got, want in zip(new, old, strict=True):  # lengths, poses, reconstructions
+        assert torch.equal(got, want)
+
+
+# ---- the paper model is unchanged ----------------------------------------------------------
+
+def test_the_paper_model_keeps_its_keys_parameters_and_router():
+    """The state_dict's names are those of the shipped weights, saved before routers."""
+    from safetensors import safe_open
+
+    model = CapsNet(CapsNetConfig())
+    with safe_open(str(DEFAULT_WEIGHTS), framework="pt") as shipped:
+        assert sorted(model.state_dict()) == sorted(shipped.keys())
+    assert "digit_caps.W" in model.state_dict()
+    assert count_parameters(model) == PAPER_PARAMETERS
+    assert isinstance(model.digit_caps.router, DynamicRouter)
+    assert CapsNetConfig().routing == "dynamic"
+
+
+@pytest.mark.parametrize("overrides", [
+    {},  # the paper's sizes
+    {"preset": "small", "none_of_the_above": True},
+    {"preset": "small", "routing_full_graph": True, "routing_iterations": 2},
+])
+def test_outputs_and_gradients_equal_the_old_dynamic_routing_call_bit_for_bit(overrides):
+    preset = overrides.pop("preset", "paper")
+    torch.manual_seed(0)
+    model = build_model(make_config("capsnet", preset, **overrides))
+    with torch.no_grad():
+        model.digit_caps.W.mul_(30)  # routing moves the couplings
+    x, y = torch.rand(3, 1, 28, 28), torch.tensor([1, 7, 3])
+    assert_bit_identical(model, x)
+    capsule_loss(model(x, y), x, y).backward()
+    new_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    lengths, v, reconstructions = old_forward(model, x, y)
+    capsule_loss(type(model(x))(lengths, v, reconstructions), x, y).backward()
+    for name, p in model.named_parameters():
+        assert torch.equal(new_grads[name], p.grad), name
+
+
+def test_the_shipped_weights_load_and_route_as_before(mnist_dir):
+    model = load_model()  # the shipped paper-size weights, saved before routers existed
+    assert isinstance(model.digit_caps.router, DynamicRouter)
+    test = load_split("mnist", "test", mnist_dir, download=False)
+    assert_bit_identical(model, test.images[:16].float().div(255).unsqueeze(1))
+
+
+# ---- the config and checkpoints ------------------------------------------------------------
+
+def test_routing_round_trips_and_configs_without_it_are_dynamic():
+    config = make_config("capsnet", "small", routing="inverted-attention")
+    values = config_to_dict(config)
+    assert values["routing"] == "inverted-attention"
+    assert config_from_dict("capsnet", values) == config
+    del values["routing"]  # a config written before the field existed
+    assert config_from_dict("capsnet", values).routing == "dynamic"
+    assert "routing" not in config_to_dict(make_config("cnn", "small", routing="dynamic"))
+
+
+def small_idpa(seed: int = 0) -> CapsNet:
+    torch.manual_seed(seed)
+    return build_model(make_config("capsnet", "small", routing="inverted-attention"))
+
+
+def test_checkpoints_and_weights_rebuild_the_router(tmp_path):
+    model = small_idpa().eval()
+    path = tmp_path / "idpa.pt"
+    save_checkpoint(path, model)
+    loaded = model_from_checkpoint(path)
+    assert isinstance(loaded.digit_caps.router, InvertedAttentionRouter)
+    x = torch.rand(2, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(loaded(x).lengths, model(x).lengths)
+    weights = load_model(export_weights(path, tmp_path / "idpa.safetensors"))
+    assert weights.config.routing == "inverted-attention"
+
+    old = load_checkpoint(path)  # a checkpoint from before routers: no 'routing', dynamic
+    dynamic = build_model(make_config("capsnet", "small"))
+    old["config"].pop("routing")
+    old["state_dict"] = dynamic.state_dict()
+    torch.save(old, path)
+    assert isinstance(model_from_checkpoint(path).digit_caps.router, DynamicRouter)
+
+
+# ---- a CapsNet routed by inverted attention ------------------------------------------------
+
+def test_inverted_attention_capsnet_trains_every_parameter_and_scores_in_0_1():
+    model = small_idpa()
+    x, y = torch.rand(3, 1, 28, 28), torch.tensor([0, 4, 9])
+    out = model(x, y)
+    assert ((out.lengths >= 0) & (out.lengths < 1)).all()
+    capsule_loss(out, x, y).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+    extra = {"digit_caps.router.norm.weight", "digit_caps.router.norm.bias"}
+    assert set(model.state_dict()) == set(build_model(make_config("capsnet", "small"))
+                                          .state_dict()) | extra
+
+
+def test_the_trace_shows_the_inverted_attention_couplings():
+    model = small_idpa().eval()
+    with torch.no_grad():
+        model.digit_caps.W.mul_(30)
+    images = torch.randint(0, 255, (2, 28, 28), dtype=torch.uint8)
+    trace = routing_trace(model, images)
+    with torch.no_grad():
+        out = model(images.unsqueeze(1).float() / 255)
+    assert trace.routing == "inverted-attention"
+    assert torch.equal(trace.v, out.poses) and torch.equal(trace.lengths, out.lengths)
+    R, J = model.config.routing_iterations, model.config.num_classes
+    assert trace.couplings.shape[:3] == (2, R, J)
+    assert torch.equal(trace.couplings[:, 0], torch.full_like(trace.couplings[:, 0], 1 / J))
+    for r in range(1, R):  # Eq. 3: r(t + 1) = softmax over j of the agreements of t
+        torch.testing.assert_close(trace.couplings[:, r],
+                                   torch.softmax(trace.agreements[:, r - 1], dim=1))
+
+
+def test_the_web_panel_names_the_router_and_a_trace_needs_no_agreements():
+    from capsnet.web.app import routing_maps
+
+    model = small_idpa().eval()
+    image = torch.randint(0, 255, (1, 28, 28), dtype=torch.uint8).numpy()
+    maps = routing_maps(model, image)
+    assert maps["routing"] == "inverted-attention" and maps["first_uniform"]
+    assert maps["uniform"] == pytest.approx(1 / model.config.num_classes)
+
+    class Quiet(InvertedAttentionRouter):  # a router without Router.agreements
+        name = "quiet"
+        agreements = Router.agreements
+
+    model.digit_caps.router = Quiet(model.config.digit_dim, 2)
+    trace = routing_trace(model, torch.from_numpy(image))
+    assert trace.agreements is None and trace.iterations == 2 and trace.routing == "quiet"
+
+
+# ---- the command line ----------------------------------------------------------------------
+
+def test_cli_trains_saves_and_resumes_an_inverted_attention_capsnet(tiny_mnist_dir, tmp_path,
+                                                                    capsys):
+    run = tmp_path / "idpa"
+    train = ["train", "--preset", "small", "--routing", "inverted-attention",
+             "--no-download", "--data-dir", str(tiny_mnist_dir), "--val-size", "50",
+             "--subset", "100", "--batch-size", "50", "--no-progress", "--out-dir", str(run)]
+    assert main([*train, "--epochs", "1"]) == 0
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["settings"]["routing"] == saved["model_config"]["routing"] == \
+        "inverted-attention"
+    assert "--routing inverted-attention" in (run / "command.txt").read_text()
+
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) == 0
+    last = load_checkpoint(run / "last.pt")
+    assert last["epoch"] == 2 and last["config"]["routing"] == "inverted-attention"
+    model = model_from_checkpoint(run / "last.pt")
+    assert isinstance(model.digit_caps.router, InvertedAttentionRouter)
+    assert model.digit_caps.router.iterations == 3
+
+    out = tmp_path / "routing.png"
+    capsys.readouterr()
+    assert main(["routing", "--checkpoint", str(run / "best.pt"), "--index", "0",
+                 "--data-dir", str(tiny_mnist_dir), "--no-download", "--out", str(out)]) == 0
+    assert "3 routing iterations" in capsys.readouterr().out and out.is_file()
+
+
+def test_cli_refuses_an_unknown_routing(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--routing", "em-ish", "--out-dir", str(tmp_path)])
+    assert "invalid choice: 'em-ish'" in capsys.readouterr().err
