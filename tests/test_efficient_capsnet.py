@@ -408,3 +408,15 @@ def test_conv_output_size_agrees_with_the_primary_grid():
     for kernel, stride in zip(cfg.conv_kernels, cfg.conv_strides, strict=True):
         side = conv_output_size(side, kernel, stride)
     assert side == cfg.feature_grid == 9
+
+
+def test_the_paper_capsnet_routes_by_self_attention_when_asked():
+    from capsnet.config import make_config
+    from capsnet.models import build_model
+    model = build_model(make_config("capsnet", "small", routing="self-attention"))
+    router = model.digit_caps.router
+    assert router.name == "self-attention"
+    assert router.b.shape == (model.config.num_classes, model.config.num_primary_caps)
+    out = model(torch.rand(2, 1, 28, 28))
+    assert out.lengths.shape == (2, model.config.num_classes)
+    assert torch.isfinite(out.lengths).all() and (out.lengths < 1).all()

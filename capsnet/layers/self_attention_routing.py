@@ -58,6 +58,13 @@ class SelfAttentionRouter(Router):
         super().__init__()
         self.b = nn.Parameter(torch.zeros(num_parents, num_children))  # (J, I) log priors
 
+    @classmethod
+    def from_config(cls, config, *, children: int, parents: int,
+                    pose_dim: int) -> SelfAttentionRouter:
+        """The router of a layer of ``children`` inputs and ``parents`` outputs (on the
+        paper's CapsNet: ``--routing self-attention``, its DigitCaps routed in one pass)."""
+        return cls(parents, children)
+
     def forward(self, votes: torch.Tensor, activations: torch.Tensor | None = None,
                 children: torch.Tensor | None = None,
                 num_children: int | None = None) -> Routed:
