@@ -123,7 +123,10 @@ def load_cli_model(args: argparse.Namespace, source: str | None = None) -> nn.Mo
 
 def add_recipe_args(p: argparse.ArgumentParser, models=("capsnet", "cnn")) -> None:
     """Model, data and optimisation options of every training command."""
-    p.add_argument("--model", default=models[0], choices=list(models))
+    p.add_argument("--model", default=models[0], choices=list(models),
+                   help="capsnet (Sabour et al. 2017), cnn (its baseline CNN) or em (matrix "
+                        "capsules with EM routing, Hinton et al. 2018: presets paper and "
+                        "small, spread loss, default Adam rate 3e-3)")
     p.add_argument("--preset", default=DEFAULTS.preset, choices=sorted(PRESETS),
                    help="layer sizes: 'paper', 'half' (half the paper's channels: the affNIST "
                         "CNN at about the paper CNN's parameter count), the narrow 'small' "

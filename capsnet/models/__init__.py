@@ -4,24 +4,28 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from capsnet.config import CapsNetConfig, CNNConfig
+from capsnet.config import CapsNetConfig, CNNConfig, EMCapsNetConfig
 from capsnet.models.capsnet import CapsNet, CapsuleOutput
 from capsnet.models.cnn_baseline import CNNBaseline
+from capsnet.models.em_capsnet import EMCapsNet, MatrixCapsuleOutput
 
-MODELS = {"capsnet": CapsNet, "cnn": CNNBaseline}
+MODELS = {"capsnet": CapsNet, "cnn": CNNBaseline, "em": EMCapsNet}
 
 
 def model_name_of(config) -> str:
-    """'capsnet' or 'cnn' for a config object."""
+    """'capsnet', 'cnn' or 'em' for a config object."""
     if isinstance(config, CapsNetConfig):
         return "capsnet"
     if isinstance(config, CNNConfig):
         return "cnn"
+    if isinstance(config, EMCapsNetConfig):
+        return "em"
     raise TypeError(f"not a model config: {type(config).__name__}")
 
 
 def build_model(config) -> nn.Module:
-    """A fresh model for a :class:`CapsNetConfig` or :class:`CNNConfig`."""
+    """A fresh model for a :class:`CapsNetConfig`, :class:`CNNConfig` or
+    :class:`EMCapsNetConfig`."""
     return MODELS[model_name_of(config)](config)
 
 
@@ -42,5 +46,5 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["CapsNet", "CapsuleOutput", "CNNBaseline", "MODELS", "build_model", "class_scores",
-           "count_parameters", "model_name_of", "unwrap"]
+__all__ = ["CapsNet", "CapsuleOutput", "CNNBaseline", "EMCapsNet", "MatrixCapsuleOutput", "MODELS",
+           "build_model", "class_scores", "count_parameters", "model_name_of", "unwrap"]
