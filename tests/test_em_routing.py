@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,8 @@ from capsnet.layers.em_routing import (
     ASSIGNED_FLOOR,
     VARIANCE_EPS,
     EMRouter,
+    MStep,
+    e_step,
     initial_assignments,
     inverse_temperatures,
     m_step,
@@ -20,6 +23,7 @@ from capsnet.layers.em_routing import (
 )
 from capsnet.layers.matrix_caps import window_children
 from capsnet.layers.router import ROUTERS, router_class
+from tests import ibm_em_routing as ibm
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 
@@ -426,3 +430,128 @@ def test_float32_under_bf16_autocast():
     assert all(R.dtype == torch.float32 for R in out.couplings)
     torch.testing.assert_close(out.poses, expected.poses)
     torch.testing.assert_close(out.activations, expected.activations)
+
+
+# ----------------------------------------------------------------------------------------
+# Parity with public code: IBM/matrix-capsules-with-em-routing, transcribed in
+# tests/ibm_em_routing.py. Its cost carries layer_norm_factor f = 100 / (K / o): the
+# logit lambda (beta_a - f sum cost) is ours with final_lambda f * 0.01 and beta_a / f.
+# ----------------------------------------------------------------------------------------
+
+def ibm_inputs(votes: torch.Tensor, activations: torch.Tensor, windows: torch.Tensor,
+               out_types: int) -> tuple[np.ndarray, np.ndarray]:
+    """Our votes (B, P*o, K, D) and activations (B, N) in IBM's layouts: votes
+    (B*P, K, o, D), activations (B*P, K, 1) (each window's children)."""
+    Bn, J, K, Dn = votes.shape
+    P = J // out_types
+    v = votes.view(Bn, P, out_types, K, Dn).permute(0, 1, 3, 2, 4).reshape(Bn * P, K,
+                                                                          out_types, Dn)
+    a = activations[:, windows].reshape(Bn * P, K, 1)
+    return v.numpy(), a.numpy()
+
+
+def parity_case(grid: int, kernel: int, stride: int, final_lambda: float,
+                in_types: int = 2, out_types: int = 3, seed: int = 3) -> dict:
+    """Our routing and IBM's on the same votes, activations and betas: 'ours' and 'ibm' as
+    (poses (B, P, o, D), activations (B, P, o)), and our router, votes, activations and
+    children (None for one window) for the loop reference."""
+    windows = window_children(grid, kernel, stride, in_types)  # (P, K)
+    P, K = windows.shape
+    N = grid * grid * in_types
+    children = windows[:, None, :].expand(P, out_types, K).reshape(P * out_types, K)
+    if P == 1:  # one window over all children: a fully connected layer
+        children = None
+    votes, activations = random_inputs(P * out_types, K, N, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    beta_v = torch.randn(out_types, generator=g, dtype=torch.float64)
+    beta_a = 10 * torch.randn(out_types, generator=g, dtype=torch.float64)
+    factor = 100 / (K / out_types)  # IBM's layer_norm_factor
+    router = EMRouter(out_types, 3, final_lambda=final_lambda * factor,
+                      variance_eps=1e-9).double()
+    with torch.no_grad():
+        router.beta_u.copy_(beta_v)
+        router.beta_a.copy_(beta_a / factor)
+        ours = router(votes, activations, children, N)
+    v, a = ibm_inputs(votes, activations, windows, out_types)
+    poses, acts = ibm.em_routing(v, a, B, ibm.create_routing_map(grid, kernel, stride),
+                                 beta_v.numpy().reshape(1, 1, 1, 1, -1, 1),
+                                 beta_a.numpy().reshape(1, 1, 1, 1, -1, 1), 3, final_lambda)
+    return {"ours": (ours.poses.view(B, P, out_types, D), ours.activations.view(B, P, out_types)),
+            "ibm": (torch.from_numpy(poses).reshape(B, P, out_types, D),
+                    torch.from_numpy(acts).reshape(B, P, out_types)),
+            "inputs": (router, votes, activations, children)}
+
+
+# (5, 3, 1), (5, 3, 2): convolutional capsules; (3, 3, 1): one window over all children,
+# IBM's fully connected class capsules (routing map [[1]] there, the same routing).
+# final_lambda: the authors' 0.01 (IBM's default; activations near 1/2) and 0.1 (far from it).
+@pytest.mark.parametrize("final_lambda", [0.01, 0.1])
+@pytest.mark.parametrize("grid, kernel, stride", [(5, 3, 1), (5, 3, 2), (3, 3, 1)])
+def test_parity_with_ibm_em_routing(grid, kernel, stride, final_lambda):
+    case = parity_case(grid, kernel, stride, final_lambda)
+    (poses, acts), (ibm_poses, ibm_acts) = case["ours"], case["ibm"]
+    if final_lambda == 0.1:
+        assert acts.max() - acts.min() > 0.5  # spread out: the costs matter
+    torch.testing.assert_close(poses, ibm_poses, rtol=0, atol=1e-6)  # measured: 3e-8
+    torch.testing.assert_close(acts, ibm_acts, rtol=0, atol=1e-6)  # measured: 6e-9
+
+
+def ibm_fc_e_step(votes: torch.Tensor, mu: torch.Tensor, var: torch.Tensor,
+                  a: torch.Tensor) -> torch.Tensor:
+    """IBM's E-step for a fully connected layer (its class capsules: routing map [[1]])
+    on our layouts: votes (B, J, K, D), mu and var (B, J, D), a (B, J) -> R (B, J, K)."""
+    Bn, J, K, Dn = votes.shape
+    rr = ibm.e_step(votes.permute(0, 2, 1, 3).reshape(Bn, 1, 1, K, J, Dn).numpy(),
+                    a.reshape(Bn, 1, 1, 1, J, 1).numpy(), mu.reshape(Bn, 1, 1, 1, J, Dn).numpy(),
+                    var.reshape(Bn, 1, 1, 1, J, Dn).numpy(), ibm.create_routing_map(1, 1, 1))
+    return torch.from_numpy(rr).reshape(Bn, K, J).transpose(1, 2)
+
+
+def test_ibm_log_of_activation_plus_epsilon_keeps_dead_parents_competing():
+    """By design IBM's E-step weighs parent j by log(a_j + 1e-9): a parent whose activation
+    is below 1e-9 competes for children as if it had 1e-9. Procedure 1 weighs by a_j."""
+    J, K = 3, 4
+    g = torch.Generator().manual_seed(0)
+    votes = torch.randn(B, J, K, D, generator=g, dtype=torch.float64)
+    mu = torch.randn(B, J, D, generator=g, dtype=torch.float64)
+    var = 1 + torch.rand(B, J, D, generator=g, dtype=torch.float64)
+    sq = (votes - mu.unsqueeze(2)).square()
+    alive = torch.tensor([0.0, 0.3, -0.2], dtype=torch.float64).expand(B, J)
+    dead = torch.tensor([-34.5, 0.3, -0.2], dtype=torch.float64).expand(B, J)  # a_0 = 1e-15
+    for logits in (alive, dead):
+        ours = e_step(MStep(mu, var, logits, sq), None, None)
+        theirs = ibm_fc_e_step(votes, mu, var, torch.sigmoid(logits))
+        if logits is alive:  # the same where every a_j >> 1e-9
+            torch.testing.assert_close(ours, theirs, rtol=1e-7, atol=1e-12)
+    ratio = theirs[:, 0] / ours[:, 0]  # the dead parent's share: (1e-15 + 1e-9) / 1e-15
+    assert ratio.min() > 1e5
+
+
+def test_ibm_sparse_filler_leaks_assignments_to_non_parents():
+    """By design IBM fills the log weights of the parent positions that do not see a child
+    with min(min over the whole batch, -100) before its softmax over every parent position.
+    A child whose log weights are all near that minimum (here a corner child voting far from
+    every parent) then gives most of its assignment to positions that are not its parents:
+    its assignments to its real parents sum to far less than 1. Ours sum to 1 (pitfall 4)."""
+    grid, kernel, stride, in_types, out_types = 5, 3, 1, 2, 3
+    windows = window_children(grid, kernel, stride, in_types)  # (9, 18)
+    P, K = windows.shape
+    g = torch.Generator().manual_seed(0)
+    votes = torch.randn(B, P * out_types, K, D, generator=g, dtype=torch.float64)
+    votes[:, :out_types, 0] = 1e3  # child 0 (the corner, only in window 0) votes far away
+    activations = torch.rand(B, grid * grid * in_types, generator=g, dtype=torch.float64)
+    v, a = ibm_inputs(votes, activations, windows, out_types)
+    side = int(math.isqrt(P))
+    shape = (B, side, side, 1, out_types, D)
+    mean, var = np.zeros(shape), np.ones(shape)  # every parent alike: N(0, 1)
+    act = np.full((B, side, side, 1, out_types, 1), 0.5)
+    rr = ibm.e_step(v.reshape(B, side, side, K, out_types, D), act, mean, var,
+                    ibm.create_routing_map(grid, kernel, stride))  # (B, 3, 3, K, o, 1)
+    corner = torch.from_numpy(rr)[:, 0, 0, 0, :, 0].sum(dim=-1)  # (B,) over its 3 parents
+    assert (corner < 0.2).all()  # 1/9: shared with 8 positions it has no parent in
+    children = windows[:, None, :].expand(P, out_types, K).reshape(P * out_types, K)
+    ours = e_step(MStep(torch.zeros(B, P * out_types, D, dtype=torch.float64),
+                        torch.ones(B, P * out_types, D, dtype=torch.float64),
+                        torch.zeros(B, P * out_types, dtype=torch.float64),
+                        votes.square()), children, grid * grid * in_types)
+    torch.testing.assert_close(ours[:, :out_types, 0].sum(-1), torch.ones(B, dtype=torch.float64))
