@@ -6,8 +6,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from capsnet.models.em_capsnet import MatrixCapsuleOutput
-
 M_PLUS, M_MINUS, LAMBDA = 0.9, 0.1, 0.5
 RECONSTRUCTION_WEIGHT = 0.0005
 # Spread loss: "starting from a small margin of 0.2 and linearly increasing it during
@@ -68,11 +66,12 @@ def spread_loss(activations: torch.Tensor, targets: torch.Tensor,
 def model_loss(output, images: torch.Tensor, labels: torch.Tensor,
                reconstruction_weight: float = RECONSTRUCTION_WEIGHT,
                run_fraction: float = 1.0) -> torch.Tensor:
-    """The training loss of any model: the spread loss for matrix capsules (its margin at
-    ``run_fraction`` of the run; 1, the final margin, outside training), the capsule loss
-    for CapsNet, cross-entropy for logits."""
+    """The training loss of any model: cross-entropy for logits; for capsule outputs the
+    loss their type names (``loss_name``): the spread loss for matrix capsules (its margin
+    at ``run_fraction`` of the run; 1, the final margin, outside training), else CapsNet's
+    margin and reconstruction loss."""
     if isinstance(output, torch.Tensor):
         return F.cross_entropy(output.float(), labels)
-    if isinstance(output, MatrixCapsuleOutput):
+    if getattr(output, "loss_name", "margin") == "spread":  # models.em_capsnet
         return spread_loss(output.lengths.float(), labels, spread_margin(run_fraction))
     return capsule_loss(output, images, labels, reconstruction_weight)

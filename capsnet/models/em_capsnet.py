@@ -2,6 +2,8 @@
 ReLU Conv1 -> PrimaryCaps -> ConvCaps1 -> ConvCaps2 -> Class capsules."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -15,9 +17,11 @@ from capsnet.models.precision import autocast_to
 class MatrixCapsuleOutput(CapsuleOutput):
     """A :class:`CapsuleOutput` whose ``lengths`` are the class capsules' activations a_j
     in [0, 1] (the class scores), ``poses`` their 4x4 poses flattened (B, J, 16), and
-    ``reconstructions`` None. Its type selects the spread loss (capsnet.losses.model_loss)."""
+    ``reconstructions`` None. ``loss_name`` tells capsnet.losses.model_loss (which imports
+    no model) to train it with the spread loss."""
 
     __slots__ = ()
+    loss_name: ClassVar[str] = "spread"
 
 
 class EMCapsNet(nn.Module):
