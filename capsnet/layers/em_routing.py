@@ -65,8 +65,11 @@ def inverse_temperatures(iterations: int, final_lambda: float = FINAL_LAMBDA) ->
 
 
 def parents_per_child(children: torch.Tensor, num_children: int) -> torch.Tensor:
-    """(N,) how many parent slots hold each of the ``num_children`` children (J, K)."""
-    return torch.bincount(children.reshape(-1), minlength=num_children)
+    """(N,) how many parent slots hold each of the ``num_children`` children (J, K). A
+    scatter-add, not ``bincount``, whose output size would wait for the GPU."""
+    index = children.reshape(-1)  # (J*K,)
+    return torch.zeros(num_children, dtype=torch.long, device=children.device).index_add_(
+        0, index, torch.ones_like(index))  # (N,)
 
 
 def initial_assignments(J: int, K: int, children: torch.Tensor | None, num_children: int | None,
