@@ -100,7 +100,7 @@ def normalise_over_parents(log_w: torch.Tensor, children: torch.Tensor | None,
     with torch.no_grad():
         peak = flat.new_full((B, num_children), -math.inf)  # (B, N)
         peak.scatter_reduce_(1, index, flat, "amax")  # each child's largest log weight
-    shifted = (flat - peak.gather(1, index)).exp()  # (B, J*K) in (0, 1], 1 at each peak
+    shifted = (flat - peak.gather(1, index)).exp()  # (B, J*K) in [0, 1], 1 at each peak
     total = flat.new_zeros(B, num_children).scatter_add(1, index, shifted)  # (B, N) >= 1
     return (shifted / total.gather(1, index)).view(B, J, K)  # (B, J, K)
 

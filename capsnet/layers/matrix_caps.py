@@ -111,8 +111,8 @@ class ConvMatrixCaps(nn.Module):
                 activations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, G = poses.shape[0], self.out_grid
         routed = self.route(poses, activations)
-        return (routed.poses.view(B, G, G, self.out_types, POSE_SIZE),  # (B, G', G', T, 16)
-                routed.activations.view(B, G, G, self.out_types))  # (B, G', G', T)
+        return (routed.poses.reshape(B, G, G, self.out_types, POSE_SIZE),  # (B, G', G', T, 16)
+                routed.activations.reshape(B, G, G, self.out_types))  # (B, G', G', T)
 
 
 class ClassCapsules(nn.Module):
