@@ -66,9 +66,10 @@ def inverse_temperatures(iterations: int, final_lambda: float = FINAL_LAMBDA) ->
 
 def parents_per_child(children: torch.Tensor, num_children: int) -> torch.Tensor:
     """(N,) how many parent slots hold each of the ``num_children`` children (J, K). A
-    scatter-add, not ``bincount``, whose output size would wait for the GPU."""
+    scatter-add (exported to ONNX), not ``bincount``, whose output size would wait for
+    the GPU."""
     index = children.reshape(-1)  # (J*K,)
-    return torch.zeros(num_children, dtype=torch.long, device=children.device).index_add_(
+    return torch.zeros(num_children, dtype=torch.long, device=children.device).scatter_add(
         0, index, torch.ones_like(index))  # (N,)
 
 
