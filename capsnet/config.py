@@ -70,9 +70,11 @@ class CapsNetConfig:
                 f"(--image-size N resizes the images)")
         if self.routing_iterations < 1:
             raise ValueError("routing_iterations must be at least 1")
-        from capsnet.layers.router import router_class  # here: the layers import this module
+        from capsnet.layers import capsnet_routers  # here: the layers import this module
 
-        router_class(self.routing)  # a ValueError naming the choices for an unknown name
+        if self.routing not in capsnet_routers():
+            raise ValueError(f"unknown routing {self.routing!r} for CapsNet; choose from "
+                             f"{', '.join(capsnet_routers())}")
         _freeze_tuples(self, "decoder_hidden", "class_names")
         _check_data_fields(self)
 
@@ -198,6 +200,94 @@ class EfficientCapsNetConfig:
         return self.in_channels * self.image_size**2
 
 
+@dataclass(frozen=True)
+class EMCapsNetConfig:
+    """The matrix-capsule network of Hinton, Sabour & Frosst (2018), section 4 (smallNORB):
+    ReLU Conv1 (5x5, stride 2, A channels) -> PrimaryCaps (1x1, B types of 4x4 poses and
+    sigmoid activations) -> ConvCaps1 (3x3, stride 2, C types) -> ConvCaps2 (3x3, stride 1,
+    D types) -> one class capsule per class (transformations shared over positions,
+    coordinate addition), EM routing between capsule layers, spread loss.
+
+    Defaults are the paper's A = B = C = D = 32 with valid (unpadded) convolutions; on
+    28x28 inputs the grids are 12, 12, 5 and 3. The ``small`` preset (A=64, B=8, C=D=16,
+    as in IBM/matrix-capsules-with-em-routing config.py) trains on a CPU.
+    """
+
+    image_size: int = 28
+    in_channels: int = 1
+    num_classes: int = 10
+    conv1_channels: int = 32  # A
+    conv1_kernel: int = 5
+    conv1_stride: int = 2
+    primary_types: int = 32  # B
+    caps1_types: int = 32  # C
+    caps2_types: int = 32  # D
+    caps_kernel: int = 3
+    caps1_stride: int = 2
+    caps2_stride: int = 1
+    routing_iterations: int = 3
+    final_lambda: float = 0.01  # the EM routing's last inverse temperature (authors, OpenReview)
+    dataset: str = "mnist"  # what the model was trained on (decides how own images are prepared)
+    class_names: tuple[str, ...] = ()  # the classes' names, index order; () = "0", "1", ...
+    uncropped_size: int | None = None  # trained on crops: the side of the images cut from
+    input_norm: str = "none"  # how images meet Conv1, as CapsNetConfig.input_norm
+
+    def __post_init__(self) -> None:
+        if self.input_norm not in INPUT_NORMS:
+            raise ValueError(f"unknown input_norm {self.input_norm!r}; choose from "
+                             f"{', '.join(INPUT_NORMS)}")
+        if self.caps2_grid < 1:
+            raise ValueError(f"image size {self.image_size} is too small for the EM capsule "
+                             f"network's kernels and strides: the smallest workable size is "
+                             f"{self.smallest_image_size} pixels (--image-size N resizes the "
+                             f"images)")
+        if self.routing_iterations < 1:
+            raise ValueError("routing_iterations must be at least 1")
+        _freeze_tuples(self, "class_names")
+        _check_data_fields(self)
+
+    @property
+    def layers(self) -> tuple[tuple[int, int], ...]:
+        """(kernel, stride) of Conv1, PrimaryCaps, ConvCaps1 and ConvCaps2, input first."""
+        return ((self.conv1_kernel, self.conv1_stride), (1, 1),
+                (self.caps_kernel, self.caps1_stride), (self.caps_kernel, self.caps2_stride))
+
+    @property
+    def conv1_grid(self) -> int:
+        """Side of Conv1's output, also PrimaryCaps' grid (12 for 28x28)."""
+        return conv_output_size(self.image_size, self.conv1_kernel, self.conv1_stride)
+
+    @property
+    def caps1_grid(self) -> int:
+        """Side of ConvCaps1's grid (5 for 28x28)."""
+        return conv_output_size(self.conv1_grid, self.caps_kernel, self.caps1_stride)
+
+    @property
+    def caps2_grid(self) -> int:
+        """Side of ConvCaps2's grid, the class capsules' children (3 for 28x28)."""
+        return conv_output_size(self.caps1_grid, self.caps_kernel, self.caps2_stride)
+
+    @property
+    def smallest_image_size(self) -> int:
+        """The smallest input side with a 1x1 ConvCaps2 grid."""
+        size = 1
+        for kernel, stride in reversed(self.layers):
+            size = (size - 1) * stride + kernel
+        return size
+
+    @property
+    def class_coordinates(self) -> tuple[float, ...]:
+        """Coordinate addition: the centre of the receptive field of each row (= column) of
+        ConvCaps2's grid, in pixels, scaled by the image size to (0, 1)."""
+        centres = []
+        for p in range(self.caps2_grid):
+            centre = float(p)
+            for kernel, stride in reversed(self.layers):
+                centre = centre * stride + (kernel - 1) / 2  # in the layer's input grid
+            centres.append((centre + 0.5) / self.image_size)  # pixel centre, scaled
+        return tuple(centres)
+
+
 def _freeze_tuples(config, *names: str) -> None:
     """Lists given for tuple fields (e.g. from JSON) become tuples: the config stays hashable."""
     for name in names:
@@ -301,16 +391,18 @@ def class_index(config, text: str) -> int:
 
 
 MODEL_CONFIGS = {"capsnet": CapsNetConfig, "cnn": CNNConfig,
-                 "efficient": EfficientCapsNetConfig}
+                 "efficient": EfficientCapsNetConfig, "em": EMCapsNetConfig}
 
 PRESETS: dict[str, dict[str, dict]] = {
     # The paper's sizes.
-    "paper": {"capsnet": {}, "cnn": {}, "efficient": {}},
+    "paper": {"capsnet": {}, "cnn": {}, "efficient": {}, "em": {}},
     # Narrow layers with the paper's structure: seconds per epoch on a CPU, for tests.
     "small": {
         "capsnet": {"conv1_channels": 32, "primary_types": 8, "decoder_hidden": (64, 128)},
         "cnn": {"conv_channels": (16, 16, 8), "fc_hidden": (32, 24)},
         "efficient": {"conv_channels": (16, 32, 32, 64), "decoder_hidden": (64, 128)},
+        # EM: A=64, B=8, C=D=16, the sizes of public MNIST versions (IBM's config.py)
+        "em": {"conv1_channels": 64, "primary_types": 8, "caps1_types": 16, "caps2_types": 16},
     },
     # A plain small CNN to measure CapsNet against on own data: two 5x5 convolutions (16, 32)
     # each followed by 2x2 max-pooling, FC 64 (0.11M parameters at 28x28, 0.15M for 32x32
@@ -337,15 +429,16 @@ PRESET_CROPS: dict[str, int] = {"cifar10": 24}
 
 
 def make_config(model: str, preset: str = "paper", **overrides):
-    """Config for ``model`` ('capsnet', 'cnn' or 'efficient') from a named preset plus
-    overrides."""
+    """Config for ``model`` ('capsnet', 'cnn', 'efficient' or 'em') from a named preset
+    plus overrides."""
     if model not in MODEL_CONFIGS:
         raise ValueError(f"unknown model {model!r}; choose from {sorted(MODEL_CONFIGS)}")
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
     if model not in PRESETS[preset]:
-        named = sorted(name for name, sizes in PRESETS.items() if model in sizes)
-        raise ValueError(f"preset {preset!r} has no {model} sizes; choose from {named}")
+        offered = sorted(name for name, sizes in PRESETS.items() if model in sizes)
+        raise ValueError(f"preset {preset!r} has no {model} sizes; choose from "
+                         f"{', '.join(offered)}")
     cls = MODEL_CONFIGS[model]
     known = {f.name for f in dataclasses.fields(cls)}
     values = {**PRESETS[preset][model], **{k: v for k, v in overrides.items() if k in known}}

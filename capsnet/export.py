@@ -3,9 +3,9 @@
 The exported model takes float images (B, C, H, W) in [0, 1] (B is dynamic) and returns
 CapsNet's capsule lengths (B, J) and the reconstructions (B, C, H, W) of the predicted
 class (lengths alone for a CapsNet without decoder; the CNN baseline returns its softmax
-probabilities (B, J)). The model's configuration and these names are stored in the file
-(ONNX metadata_props, TorchScript extra file ``capsnet.json``), with the input shape
-and the classes' names in output order.
+probabilities (B, J), the EM capsule network its class activations (B, J)). The model's
+configuration and these names are stored in the file (ONNX metadata_props, TorchScript
+extra file ``capsnet.json``), with the input shape and the classes' names in output order.
 """
 from __future__ import annotations
 
@@ -21,11 +21,14 @@ from torch import nn
 
 from capsnet.config import class_names, config_to_dict
 from capsnet.loading import WEIGHTS_FORMAT, WEIGHTS_SUFFIX, load_checkpoint, load_model
-from capsnet.models import CapsNet, EfficientCapsNet, model_name_of
+from capsnet.models import CapsNet, CapsuleOutput, EfficientCapsNet, EMCapsNet, model_name_of
 
 FORMATS = ("onnx", "torchscript")
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".ts.pt"}  # default file names: <stem><suffix>
 ONNX_OPSET = 17
+# EM routing normalises each child's assignments over its parents by a scatter-max (for a
+# stable logsumexp): ONNX's ScatterElements reduction 'max' is opset 18.
+EM_ONNX_OPSET = 18
 INPUT_NAME = "images"
 BATCH_AXIS = "batch"
 EXAMPLE_BATCH = 2  # traced with this batch; the batch dimension stays dynamic
@@ -47,16 +50,18 @@ class InferenceModel(nn.Module):
         self.model = model.eval()
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if not isinstance(self.model, CAPSULE_MODELS):
-            return (torch.softmax(self.model(images), dim=-1),)  # (B, J)
         out = self.model(images)
+        if not isinstance(out, CapsuleOutput):
+            return (torch.softmax(out, dim=-1),)  # (B, J)
         if out.reconstructions is None:
-            return (out.lengths,)  # (B, J)
+            return (out.lengths,)  # (B, J) lengths, or class activations for EMCapsNet
         return out.lengths, out.reconstructions  # (B, J), (B, C, H, W)
 
 
 def output_names(model: nn.Module) -> list[str]:
     """Names of the exported outputs, in order."""
+    if isinstance(model, EMCapsNet):
+        return ["activations"]
     if not isinstance(model, CAPSULE_MODELS):
         return ["probabilities"]
     return ["lengths", "reconstructions"] if model.decoder is not None else ["lengths"]
@@ -92,13 +97,15 @@ def export_model(model: nn.Module, path: str | os.PathLike, fmt: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         if fmt == "onnx":
-            _export_onnx(wrapper, example, path, describe(model))
+            opset = EM_ONNX_OPSET if isinstance(model, EMCapsNet) else ONNX_OPSET
+            _export_onnx(wrapper, example, path, describe(model), opset)
         else:
             _export_torchscript(wrapper, example, path, describe(model))
     return path
 
 
-def _export_onnx(wrapper: InferenceModel, example: torch.Tensor, path: Path, info: dict) -> None:
+def _export_onnx(wrapper: InferenceModel, example: torch.Tensor, path: Path, info: dict,
+                 opset: int = ONNX_OPSET) -> None:
     """The TorchScript-based exporter (dynamo=False): no extra dependency beyond onnx,
     and the batch dimension made dynamic by ``dynamic_axes``."""
     try:
@@ -109,7 +116,7 @@ def _export_onnx(wrapper: InferenceModel, example: torch.Tensor, path: Path, inf
     axes = {name: {0: BATCH_AXIS} for name in [INPUT_NAME, *names]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation and tracer notes
-        torch.onnx.export(wrapper, (example,), str(path), dynamo=False, opset_version=ONNX_OPSET,
+        torch.onnx.export(wrapper, (example,), str(path), dynamo=False, opset_version=opset,
                           input_names=[INPUT_NAME], output_names=names, dynamic_axes=axes)
     proto = onnx.load(str(path))
     entry = proto.metadata_props.add()

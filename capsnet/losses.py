@@ -1,4 +1,6 @@
-"""Losses with the paper's constants as parameters (Sabour et al. 2017, Eq. 4 and section 4.1)."""
+"""Losses with the papers' constants as parameters: the margin and reconstruction losses
+(Sabour et al. 2017, Eq. 4 and section 4.1) and the spread loss of matrix capsules (Hinton
+et al. 2018, Eq. 3)."""
 from __future__ import annotations
 
 import torch
@@ -6,6 +8,9 @@ import torch.nn.functional as F
 
 M_PLUS, M_MINUS, LAMBDA = 0.9, 0.1, 0.5
 RECONSTRUCTION_WEIGHT = 0.0005
+# Spread loss: "starting from a small margin of 0.2 and linearly increasing it during
+# training to 0.9" (Hinton et al. 2018, section 4).
+SPREAD_MARGIN_START, SPREAD_MARGIN_END = 0.2, 0.9
 
 
 def margin_loss(lengths: torch.Tensor, targets: torch.Tensor, m_plus: float = M_PLUS,
@@ -38,9 +43,35 @@ def capsule_loss(output, images: torch.Tensor, labels: torch.Tensor,
     return loss
 
 
+def spread_margin(run_fraction: float, start: float = SPREAD_MARGIN_START,
+                  end: float = SPREAD_MARGIN_END) -> float:
+    """The spread loss's margin after ``run_fraction`` (0 to 1) of the training run: linear
+    from ``start`` to ``end`` (1 and beyond: ``end``, the margin of evaluation)."""
+    return start + (end - start) * min(max(run_fraction, 0.0), 1.0)
+
+
+def spread_loss(activations: torch.Tensor, targets: torch.Tensor,
+                margin: float = SPREAD_MARGIN_END) -> torch.Tensor:
+    """L = sum over i != t of max(0, m - (a_t - a_i))^2 (Hinton et al. 2018, Eq. 3): every
+    wrong class closer than the margin to the target's activation is penalised by the
+    squared distance to the margin. Averaged over the batch.
+
+    activations: (B, J) class activations; targets: (B,) class indices."""
+    a_t = activations.gather(1, targets.unsqueeze(1))  # (B, 1)
+    gap = F.relu(margin - (a_t - activations)).pow(2)  # (B, J); m^2 at the target itself
+    wrong = 1.0 - F.one_hot(targets, activations.shape[-1]).to(activations.dtype)  # (B, J)
+    return (gap * wrong).sum(dim=-1).mean()
+
+
 def model_loss(output, images: torch.Tensor, labels: torch.Tensor,
-               reconstruction_weight: float = RECONSTRUCTION_WEIGHT) -> torch.Tensor:
-    """The training loss of any model: capsule loss for CapsNet, cross-entropy for logits."""
+               reconstruction_weight: float = RECONSTRUCTION_WEIGHT,
+               run_fraction: float = 1.0) -> torch.Tensor:
+    """The training loss of any model: cross-entropy for logits; for capsule outputs the
+    loss their type names (``loss_name``): the spread loss for matrix capsules (its margin
+    at ``run_fraction`` of the run; 1, the final margin, outside training), else CapsNet's
+    margin and reconstruction loss."""
     if isinstance(output, torch.Tensor):
         return F.cross_entropy(output.float(), labels)
+    if getattr(output, "loss_name", "margin") == "spread":  # models.em_capsnet
+        return spread_loss(output.lengths.float(), labels, spread_margin(run_fraction))
     return capsule_loss(output, images, labels, reconstruction_weight)

@@ -194,8 +194,8 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoint(
     training_steps = []
     real_loss = loop.model_loss
 
-    def loss_turning_nan_in_epoch_2(output, images, labels, weight):
-        loss = real_loss(output, images, labels, weight)
+    def loss_turning_nan_in_epoch_2(output, images, labels, weight, **kwargs):
+        loss = real_loss(output, images, labels, weight, **kwargs)
         if torch.is_grad_enabled():  # a training step, not evaluation
             training_steps.append(1)
             if len(training_steps) > steps_per_epoch:

@@ -15,8 +15,8 @@ from capsnet.data.image_dataset import ImageDataset
 from capsnet.data.model_view import load_test_set
 from capsnet.data.sources import DataNotFoundError
 from capsnet.devices import pick_device, tune_backends
+from capsnet.layers import capsnet_routers
 from capsnet.layers.gemm_conv import CONV_IMPLS
-from capsnet.layers.router import ROUTERS
 from capsnet.loading import CheckpointError, load_model
 from capsnet.models.precision import PRECISIONS
 from capsnet.training.loop import NonFiniteLossError
@@ -40,7 +40,9 @@ DEFAULTS = TrainSettings()
 # What --model NAME trains.
 MODEL_HELP = {"capsnet": "CapsNet (Sabour et al. 2017)", "cnn": "its CNN baseline",
               "efficient": "Efficient-CapsNet (Mazzia et al. 2021; presets paper and small; "
-                           "docs/models-efficient.md)"}
+                           "docs/models-efficient.md)",
+              "em": "matrix capsules with EM routing (Hinton et al. 2018; presets paper and "
+                    "small; spread loss; default Adam rate 3e-3; docs/models-em.md)"}
 # Options a resumed run takes from the resuming command only when they are given there.
 RESUME_OPTIONAL_OVERRIDES = ("lr_decay",)
 
@@ -128,7 +130,7 @@ def load_cli_model(args: argparse.Namespace, source: str | None = None) -> nn.Mo
 
 
 def add_recipe_args(p: argparse.ArgumentParser,
-                    models=("capsnet", "cnn", "efficient")) -> None:
+                    models=("capsnet", "cnn", "efficient", "em")) -> None:
     """Model, data and optimisation options of every training command."""
     p.add_argument("--model", default=models[0], choices=list(models),
                    help="; ".join(f"{name}: {MODEL_HELP[name]}" for name in models))
@@ -140,10 +142,11 @@ def add_recipe_args(p: argparse.ArgumentParser,
                         "none-of-the-above routing category, 24x24 crops) and 'svhn'")
     add_data_args(p)
     add_schedule_args(p)
-    p.add_argument("--routing", default=DEFAULTS.routing, choices=sorted(ROUTERS),
+    p.add_argument("--routing", default=DEFAULTS.routing, choices=capsnet_routers(),
                    help="CapsNet: how primary capsules are routed to the class capsules: "
-                        "'dynamic' (the paper's routing by agreement) or "
-                        "'inverted-attention' (Tsai et al. 2020); see docs/models.md")
+                        "'dynamic' (the paper's routing by agreement), "
+                        "'inverted-attention' (Tsai et al. 2020) or 'self-attention' "
+                        "(Efficient-CapsNet's, Mazzia et al. 2021); see docs/models.md")
     p.add_argument("--routing-iterations", type=int, default=DEFAULTS.routing_iterations)
     p.add_argument("--reconstruction-weight", type=float, default=DEFAULTS.reconstruction_weight,
                    help="0 trains CapsNet without the decoder")

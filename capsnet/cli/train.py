@@ -18,7 +18,7 @@ def add_parser(subparsers) -> None:
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
     """The classification recipe's arguments, shared by `train` and `repeat`."""
-    add_recipe_args(p)
+    add_recipe_args(p, models=("capsnet", "cnn", "efficient", "em"))
     p.add_argument("--max-shift", type=int, default=None,
                    help=f"random shift augmentation in pixels (0 disables; default: the "
                         f"recipe's, {DEFAULTS.max_shift})")

@@ -104,3 +104,10 @@ def router_class(name: str) -> type[Router]:
     if name not in ROUTERS:
         raise ValueError(f"unknown routing {name!r}; choose from {', '.join(sorted(ROUTERS))}")
     return ROUTERS[name]
+
+
+def capsnet_routers() -> list[str]:
+    """The routers CapsNet's DigitCaps can hold (those that build from a CapsNet config),
+    by name: the ``--routing`` choices. EM routing routes matrix capsules (``--model em``)."""
+    return sorted(name for name, cls in ROUTERS.items()
+                  if cls.from_config.__func__ is not Router.from_config.__func__)

@@ -4,28 +4,32 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from capsnet.config import CapsNetConfig, CNNConfig, EfficientCapsNetConfig
+from capsnet.config import CapsNetConfig, CNNConfig, EfficientCapsNetConfig, EMCapsNetConfig
 from capsnet.models.capsnet import CapsNet, CapsuleOutput
 from capsnet.models.cnn_baseline import CNNBaseline
 from capsnet.models.efficient_capsnet import EfficientCapsNet
+from capsnet.models.em_capsnet import EMCapsNet, MatrixCapsuleOutput
 
-MODELS = {"capsnet": CapsNet, "cnn": CNNBaseline, "efficient": EfficientCapsNet}
+MODELS = {"capsnet": CapsNet, "cnn": CNNBaseline, "efficient": EfficientCapsNet,
+          "em": EMCapsNet}
 
 
 def model_name_of(config) -> str:
-    """'capsnet', 'cnn' or 'efficient' for a config object."""
+    """'capsnet', 'cnn', 'efficient' or 'em' for a config object."""
     if isinstance(config, CapsNetConfig):
         return "capsnet"
     if isinstance(config, CNNConfig):
         return "cnn"
     if isinstance(config, EfficientCapsNetConfig):
         return "efficient"
+    if isinstance(config, EMCapsNetConfig):
+        return "em"
     raise TypeError(f"not a model config: {type(config).__name__}")
 
 
 def build_model(config) -> nn.Module:
     """A fresh model for a :class:`CapsNetConfig`, :class:`CNNConfig` or
-    :class:`EfficientCapsNetConfig`."""
+    :class:`EfficientCapsNetConfig` or :class:`EMCapsNetConfig`."""
     return MODELS[model_name_of(config)](config)
 
 
@@ -46,5 +50,6 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["CapsNet", "CapsuleOutput", "CNNBaseline", "EfficientCapsNet", "MODELS", "build_model",
-           "class_scores", "count_parameters", "model_name_of", "unwrap"]
+__all__ = ["CapsNet", "CapsuleOutput", "CNNBaseline", "EfficientCapsNet", "EMCapsNet",
+           "MatrixCapsuleOutput", "MODELS", "build_model", "class_scores", "count_parameters",
+           "model_name_of", "unwrap"]

@@ -132,7 +132,8 @@ class ClassifyTask(Task):
         options = StepOptions(distributed.per_rank_batch(s.batch_size, world), s.max_shift,
                               s.reconstruction_weight, crop=self.data.crop,
                               grad_scaler=self.grad_scaler,
-                              sum_over_ranks=distributed.summer(world))
+                              sum_over_ranks=distributed.summer(world),
+                              run_span=((epoch - 1) / s.epochs, epoch / s.epochs))
         result = train_one_epoch(model, optimizer, self.data.train.images, self.data.train.labels,
                                  order, options, generator, on_progress)
         return {"train_loss": result["loss"], "train_accuracy": result["accuracy"],

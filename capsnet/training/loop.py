@@ -31,6 +31,9 @@ class StepOptions:
     # sums a tensor over the DDP ranks (distributed.summer), so that every rank sees the
     # same loss at a read-back and stops alike on a non-finite one; None in one process
     sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # the fraction of the whole run done at this epoch's start and end: losses that change
+    # over the run (the spread loss's margin) take each step's; (1, 1): the final loss
+    run_span: tuple[float, float] = (1.0, 1.0)
 
 
 def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
@@ -54,7 +57,10 @@ def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: 
         x = augment(to_model_input(images[idx]), options, generator)  # (B, C, H, W)
         y = labels[idx]  # (B,)
         out = model(x, y)  # in the model's compute precision
-        loss = model_loss(out, x, y, options.reconstruction_weight)  # float32
+        start, end = options.run_span
+        fraction = start + (end - start) * (step - 1) / len(batches)
+        loss = model_loss(out, x, y, options.reconstruction_weight,
+                          run_fraction=fraction)  # float32
         optimizer.zero_grad(set_to_none=True)
         backward_and_step(loss, optimizer, options.grad_scaler)
         loss_sum += loss.detach() * idx.numel()

@@ -12,7 +12,7 @@ from capsnet.training.recipes import SCHEDULES, get_recipe
 @dataclass
 class TrainSettings:
     task: str = "classify"  # 'classify' (the paper's recipe), 'affnist' or 'multimnist'
-    model: str = "capsnet"  # 'capsnet', 'cnn' or 'efficient'
+    model: str = "capsnet"  # 'capsnet', 'cnn', 'efficient' or 'em'
     preset: str = "paper"  # layer sizes: 'paper' or 'small'
     dataset: str = "mnist"  # mnist, fashion-mnist, cifar10, svhn, or folder (data_dir = its root)
     data_dir: str | None = None
@@ -92,13 +92,20 @@ EFFICIENT_LR = 5e-4
 EFFICIENT_LR_DECAY = 0.97
 EFFICIENT_BATCH_SIZE = 16
 EFFICIENT_EPOCHS = 150
+# Matrix capsules with EM routing: Adam at 3e-3, the authors' answer on OpenReview ("We use
+# an exponential decay with learning rate: 3e-3, decay_steps: 20000, decay rate: 0.96",
+# https://openreview.net/forum?id=HJWLfGWRb, quoted in IBM/matrix-capsules-with-em-routing
+# train_val.py, whose config.py uses it too).
+EM_LR = 3e-3
 
 
 def default_lr(model: str, preset: str) -> float:
     """The Adam learning rate of a run that names none: the paper's, but CNN_LR for the
-    wide CNN baselines and Efficient-CapsNet's own for it."""
+    wide CNN baselines, Efficient-CapsNet's own for it and EM_LR for matrix capsules."""
     if model == "efficient":
         return EFFICIENT_LR
+    if model == "em":
+        return EM_LR
     return CNN_LR if model == "cnn" and preset not in ("small", "tiny") else PAPER_LR
 
 

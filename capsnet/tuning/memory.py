@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from capsnet.config import CapsNetConfig, CNNConfig, EfficientCapsNetConfig
+from capsnet.config import CapsNetConfig, CNNConfig, EfficientCapsNetConfig, EMCapsNetConfig
 from capsnet.models import build_model, count_parameters
 
 FLOAT32 = 4
@@ -111,6 +111,8 @@ def estimate_training_memory(config, batch_size: int, precision: str = "fp32",
     elif isinstance(config, EfficientCapsNetConfig):
         per_image, cast_params = _efficient_activations(config, low, conv_impls or {},
                                                         device_type)
+    elif isinstance(config, EMCapsNetConfig):
+        per_image, cast_params = _em_activations(config, low, conv_impls or {}, device_type)
     else:
         raise TypeError(f"no memory estimate for {type(config).__name__}")
     return MemoryEstimate(batch_size, 4 * FLOAT32 * params, per_image,
@@ -219,6 +221,42 @@ def _efficient_activations(cfg: EfficientCapsNetConfig, low: bool, conv_impls: d
         sizes = (cfg.num_classes * cfg.digit_dim, *cfg.decoder_hidden, cfg.num_pixels)
         parts["decoder"] = 2 * FLOAT32 * sum(sizes)
         cast += sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+    return parts, cast
+
+
+# EM routing keeps, for its backward pass, the votes and each iteration's squared deviations
+# of the votes from the means (1 + 3 vote-sized float32 tensors per capsule layer), and the
+# backward's temporaries come on top: 5.4-5.7 vote-sized tensors per vote element measured
+# (benchmarks/memory_check.py, presets paper and small, CPU float32).
+EM_VOTE_COPIES = 6
+
+
+def _em_activations(cfg: EMCapsNetConfig, low: bool, conv_impls: dict[str, str],
+                    device_type: str) -> tuple[dict[str, int], int]:
+    """Per-image bytes of the EM capsule network's peak (its capsule layers' votes, kept in
+    float32 through the routing iterations, dominate), and the parameters autocast copies
+    (the two convolutions')."""
+    from capsnet.layers.matrix_caps import POSE_SIZE
+
+    size = 2 if low else FLOAT32
+    paths = _paths(["conv1", "primary_caps.conv"], conv_impls, device_type)
+    conv1 = ConvShape(cfg.in_channels, cfg.conv1_channels, cfg.image_size, cfg.conv1_kernel,
+                      cfg.conv1_stride)
+    primary = ConvShape(cfg.conv1_channels, cfg.primary_types * (POSE_SIZE + 1), conv1.grid, 1,
+                        input_channels_last=conv_impls.get("conv1", "gemm") != "native")
+    kept1, work1 = _conv_terms(conv1, paths[0], size, first=True)
+    kept2, work2 = _conv_terms(primary, paths[1], size, first=False)
+    window = cfg.caps_kernel**2
+    votes = POSE_SIZE * (  # vote elements of ConvCaps1, ConvCaps2 and the class capsules
+        cfg.caps1_grid**2 * cfg.caps1_types * window * cfg.primary_types
+        + cfg.caps2_grid**2 * cfg.caps2_types * window * cfg.caps1_types
+        + cfg.num_classes * cfg.caps2_grid**2 * cfg.caps2_types)
+    parts = {"input": 2 * FLOAT32 * cfg.in_channels * cfg.image_size**2,
+             "conv1": size * conv1.c_out * conv1.grid**2 + kept1,
+             "primary capsules": (size + FLOAT32) * primary.c_out * primary.grid**2 + kept2,
+             "routing": EM_VOTE_COPIES * FLOAT32 * votes,
+             "peak": max(work1, work2)}
+    cast = conv1.c_in * conv1.c_out * conv1.kernel**2 + primary.c_in * primary.c_out
     return parts, cast
 
 

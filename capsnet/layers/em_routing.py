@@ -1,0 +1,212 @@
+"""EM routing between matrix capsules (Hinton, Sabour & Frosst 2018, "Matrix capsules with
+EM routing", ICLR; Procedure 1), the :class:`~capsnet.layers.router.Router` named "em".
+
+Each parent capsule j is a Gaussian over the D = 16 entries of a 4x4 pose, fitted to the
+votes V_ij of its children i, each vote weighted by the child's activation a_i and by its
+assignment R_ij to j. Per iteration t (inverse temperature lambda_t):
+
+M-step, for every parent j (Procedure 1, M-STEP)::
+
+    r_ij       = R_ij a_i
+    mu_j^h     = sum_i r_ij V_ij^h / sum_i r_ij
+    (s_j^h)^2  = sum_i r_ij (V_ij^h - mu_j^h)^2 / sum_i r_ij  +  variance_eps
+    cost_j^h   = (beta_u + log s_j^h) sum_i r_ij
+    a_j        = logistic(lambda_t (beta_a - sum_h cost_j^h))
+
+E-step, for every child i (Procedure 1, E-STEP), in log space::
+
+    log p_ij   = -sum_h [ (V_ij^h - mu_j^h)^2 / (2 (s_j^h)^2) + log(s_j^h) + log(2 pi) / 2 ]
+    R_ij       = a_j p_ij / sum_{j' parent of i} a_j' p_ij'
+               = exp(log a_j + log p_ij - logsumexp_{j'}(log a_j' + log p_ij'))
+
+The first M-step uses R_ij = 1 / (number of parents of child i); the last iteration ends
+after its M-step (its E-step would change nothing returned). Gradients flow through every
+iteration ("We do not use stop gradient", the authors on OpenReview). The cost is the
+paper's formula: it is not scale invariant (it grows with sum_i r_ij and shifts with the
+units of the poses), as discussed on OpenReview; the inverse temperature and the learned
+beta_a absorb its scale.
+
+Inverse temperature: lambda_t = final_lambda (1 - 0.95^(t + 1)), t = 0, 1, 2, final_lambda
+= 0.01: the schedule the authors gave on OpenReview (https://openreview.net/forum?id=HJWLfGWRb,
+quoted in IBM/matrix-capsules-with-em-routing em_routing.py).
+
+Convolutional capsule layers: a child at a position covered by several windows has parents
+at each of those positions; ``children`` (J, K) names the global child in each of a
+parent's K slots, and both the first assignment (1 / its number of parents) and the E-step's
+normalisation run over all of a child's parents, across positions (scatter over global
+child ids), not within one window. docs/models-em.md lists the pitfalls and their tests.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from capsnet.layers.router import Routed, Router, register_router
+from capsnet.layers.squash import full_precision
+
+FINAL_LAMBDA = 0.01  # the authors' final inverse temperature (OpenReview)
+LAMBDA_GROWTH = 0.95  # lambda_t = FINAL_LAMBDA (1 - LAMBDA_GROWTH^(t + 1))
+# Added to every variance: a parent fitted to one vote (or to identical votes) has a
+# standard deviation of at least 1e-3 pose units, not zero (log 0, division by zero).
+VARIANCE_EPS = 1e-6
+# sum_i r_ij below this counts as this: a parent whose children are all inactive gets
+# mu = 0 and cost 0 (its activation logistic(lambda beta_a)) instead of 0 / 0.
+ASSIGNED_FLOOR = 1e-9
+LOG_2PI = math.log(2 * math.pi)
+
+
+def inverse_temperatures(iterations: int, final_lambda: float = FINAL_LAMBDA) -> list[float]:
+    """lambda_t = final_lambda (1 - 0.95^(t + 1)) for t = 0 .. iterations - 1 (increasing)."""
+    return [final_lambda * (1 - LAMBDA_GROWTH ** (t + 1)) for t in range(iterations)]
+
+
+def parents_per_child(children: torch.Tensor, num_children: int) -> torch.Tensor:
+    """(N,) how many parent slots hold each of the ``num_children`` children (J, K). A
+    scatter-add (exported to ONNX), not ``bincount``, whose output size would wait for
+    the GPU."""
+    index = children.reshape(-1)  # (J*K,)
+    return torch.zeros(num_children, dtype=torch.long, device=children.device).scatter_add(
+        0, index, torch.ones_like(index))  # (N,)
+
+
+def initial_assignments(J: int, K: int, children: torch.Tensor | None, num_children: int | None,
+                        dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """R_ij before the first M-step: 1 / (number of parents of child i), (J, K). In a
+    convolutional layer a child at the border has fewer parents than one in the middle."""
+    if children is None:
+        return torch.full((J, K), 1.0 / J, dtype=dtype, device=device)  # (J, K)
+    parents = parents_per_child(children, num_children)  # (N,)
+    return 1.0 / parents[children].to(dtype)  # (J, K)
+
+
+def normalise_over_parents(log_w: torch.Tensor, children: torch.Tensor | None,
+                           num_children: int | None) -> torch.Tensor:
+    """exp(log_w_ij) / sum over every parent slot j' holding child i of exp(log_w_j'i).
+
+    log_w: (B, J, K). With ``children`` None every parent sees the same K children and this
+    is a softmax over J. Otherwise the sum runs over the slots of all parents, at every
+    position, that hold the same global child (``children`` (J, K) in 0 .. num_children-1):
+    a logsumexp by scatter, each child's largest log weight subtracted first (no exp of
+    a large number; the subtracted peak cancels, so it carries no gradient)."""
+    if children is None:
+        return torch.softmax(log_w, dim=1)  # (B, J, K)
+    B, J, K = log_w.shape
+    flat = log_w.reshape(B, J * K)  # (B, J*K)
+    index = children.reshape(-1)  # (J*K,) global child of each slot
+    index = index.expand(B, -1)  # (B, J*K)
+    with torch.no_grad():
+        peak = flat.new_full((B, num_children), -math.inf)  # (B, N)
+        peak.scatter_reduce_(1, index, flat, "amax")  # each child's largest log weight
+    shifted = (flat - peak.gather(1, index)).exp()  # (B, J*K) in [0, 1], 1 at each peak
+    total = flat.new_zeros(B, num_children).scatter_add(1, index, shifted)  # (B, N) >= 1
+    return (shifted / total.gather(1, index)).view(B, J, K)  # (B, J, K)
+
+
+def per_parent(beta: torch.Tensor, J: int) -> torch.Tensor:
+    """A per-type parameter (T,) for J parents laid out (position, type), type fastest: (J,)."""
+    T = beta.shape[0]
+    if J % T:
+        raise ValueError(f"{J} parents are not a whole number of positions of {T} types")
+    return beta.repeat(J // T)  # (J,)
+
+
+class MStep(NamedTuple):
+    """What an M-step fits: the parents' Gaussians and activations, and the squared
+    deviations of the votes from the means (which the E-step reads again)."""
+
+    mu: torch.Tensor  # (B, J, D) the parents' poses
+    var: torch.Tensor  # (B, J, D) (sigma_j^h)^2, variance_eps included
+    logits: torch.Tensor  # (B, J) lambda (beta_a - sum_h cost_h): a_j = logistic(logits)
+    sq: torch.Tensor  # (B, J, K, D) (V_ij^h - mu_j^h)^2
+
+
+def m_step(R: torch.Tensor, a_i: torch.Tensor, V: torch.Tensor, beta_u: torch.Tensor,
+           beta_a: torch.Tensor, inverse_temperature: float,
+           variance_eps: float = VARIANCE_EPS) -> MStep:
+    """Procedure 1's M-step. R: (B or 1, J, K) assignments; a_i: (B, J or 1, K) the
+    activation of the child in each slot; V: (B, J, K, D) votes; beta_u, beta_a: (J,).
+    The variance is the weighted mean of squared deviations (never E[V^2] - mu^2, which
+    cancels catastrophically when the votes agree closely)."""
+    r = R * a_i  # (B, J, K) r_ij = R_ij a_i
+    r_sum = r.sum(dim=2)  # (B, J) sum_i r_ij: the data assigned to j
+    w = r / r_sum.clamp_min(ASSIGNED_FLOOR).unsqueeze(-1)  # (B, J, K), sums to 1 over i
+    mu = torch.einsum("bjk,bjkd->bjd", w, V)  # (B, J, D)
+    # (V - mu)^2 in one fused pass over the votes (mse_loss without reduction), half the
+    # memory traffic of a subtraction then a square, forward and backward
+    sq = F.mse_loss(V, mu.unsqueeze(2).expand_as(V), reduction="none")  # (B, J, K, D)
+    var = torch.einsum("bjk,bjkd->bjd", w, sq) + variance_eps  # (B, J, D)
+    cost = (beta_u.unsqueeze(-1) + 0.5 * var.log()) * r_sum.unsqueeze(-1)  # (B, J, D) cost_h
+    logits = inverse_temperature * (beta_a - cost.sum(dim=-1))  # (B, J)
+    return MStep(mu, var, logits, sq)
+
+
+def log_gaussian(sq: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    """log p_ij (B, J, K): the log density of each vote under its parent's axis-aligned
+    Gaussian, from the squared deviations sq (B, J, K, D) and the variances var (B, J, D):
+    -1/2 sum_h [sq_h / var_h + log var_h + log 2 pi]."""
+    D = var.shape[-1]
+    mahalanobis = torch.einsum("bjkd,bjd->bjk", sq, var.reciprocal())  # (B, J, K)
+    log_norm = var.log().sum(dim=-1) + D * LOG_2PI  # (B, J)
+    return -0.5 * (mahalanobis + log_norm.unsqueeze(-1))  # (B, J, K)
+
+
+def e_step(fit: MStep, children: torch.Tensor | None, num_children: int | None) -> torch.Tensor:
+    """Procedure 1's E-step: R_ij = a_j p_ij / sum_j' a_j' p_ij' over all parents of i,
+    from log a_j = logsigmoid(logit_j) and log p_ij (never a log of 0 nor an exp overflow)."""
+    log_ap = F.logsigmoid(fit.logits).unsqueeze(-1) + log_gaussian(fit.sq, fit.var)  # (B,J,K)
+    return normalise_over_parents(log_ap, children, num_children)  # (B, J, K)
+
+
+@register_router
+class EMRouter(Router):
+    """EM routing for parents of ``parent_types`` types, each with its own beta_u and beta_a
+    (one per capsule type, as the authors answered on OpenReview). Parents are laid out
+    (position, type), type fastest; a fully connected layer has one position.
+
+    forward(votes (B, J, K, D), activations (B, I)) -> Routed(poses mu (B, J, D),
+    activations a_j (B, J), couplings: R (B, J, K) of each iteration's M-step). Without
+    ``children`` K = I and every parent sees every child; with ``children`` (J, K) the
+    activations are those of the ``num_children`` global children. Runs in float32 (or
+    float64 for float64 votes) even under autocast."""
+
+    name = "em"
+
+    def __init__(self, parent_types: int, iterations: int = 3, final_lambda: float = FINAL_LAMBDA,
+                 variance_eps: float = VARIANCE_EPS):
+        super().__init__()
+        if iterations < 1:
+            raise ValueError("EM routing needs at least one iteration")
+        self.iterations, self.final_lambda = iterations, final_lambda
+        self.variance_eps = variance_eps
+        self.beta_u = nn.Parameter(torch.zeros(parent_types))  # per type: cost offset
+        self.beta_a = nn.Parameter(torch.zeros(parent_types))  # per type: activation offset
+
+    def forward(self, votes: torch.Tensor, activations: torch.Tensor | None = None,
+                children: torch.Tensor | None = None,
+                num_children: int | None = None) -> Routed:
+        if activations is None:
+            raise ValueError("EM routing needs the children's activations")
+        with torch.autocast(device_type=votes.device.type, enabled=False):
+            V, a = full_precision(votes), full_precision(activations)  # (B, J, K, D), (B, I)
+            B, J, K, D = V.shape
+            a_i = a.unsqueeze(1) if children is None else a[:, children]  # (B, 1 or J, K)
+            beta_u = per_parent(self.beta_u, J).to(V.dtype)  # (J,)
+            beta_a = per_parent(self.beta_a, J).to(V.dtype)  # (J,)
+            R = initial_assignments(J, K, children, num_children, V.dtype, V.device)  # (J, K)
+            R = R.unsqueeze(0)  # (1, J, K)
+            couplings = []
+            lambdas = inverse_temperatures(self.iterations, self.final_lambda)
+            for t, inverse_temperature in enumerate(lambdas):
+                couplings.append(R.expand(B, J, K))
+                fit = m_step(R, a_i, V, beta_u, beta_a, inverse_temperature, self.variance_eps)
+                if t < self.iterations - 1:
+                    R = e_step(fit, children, num_children)  # (B, J, K)
+            return Routed(fit.mu, torch.sigmoid(fit.logits), tuple(couplings))
+
+    def extra_repr(self) -> str:
+        return (f"types={self.beta_u.shape[0]}, iterations={self.iterations}, "
+                f"final_lambda={self.final_lambda}")
