@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from capsnet.data.augment import random_crop, random_shift, to_model_input
+from capsnet.data.augment_efficient import efficient_augment
 from capsnet.losses import model_loss
 from capsnet.models import class_scores
 
@@ -31,6 +32,12 @@ class StepOptions:
     # sums a tensor over the DDP ranks (distributed.summer), so that every rank sees the
     # same loss at a read-back and stops alike on a non-finite one; None in one process
     sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None
+    augment: str = "shift"  # 'shift' (max_shift, or crop) or 'efficient' (Efficient-CapsNet's)
+
+    def __post_init__(self) -> None:
+        if self.augment == "efficient" and self.crop is not None:
+            raise ValueError("random crops take the place of the 'shift' augmentation; they "
+                             "do not combine with the 'efficient' one")
 
 
 def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
@@ -101,9 +108,12 @@ def checked_mean_loss(loss_sum: torch.Tensor, seen: int,
 
 def augment(x: torch.Tensor, options: StepOptions,
             generator: torch.Generator | None = None) -> torch.Tensor:
-    """The training augmentation of a float batch (B, C, H, W): a random ``crop`` when one
-    is asked for (the crop is the translation), else random shifts of up to ``max_shift``
-    pixels with zero fill."""
+    """The training augmentation of a float batch (B, C, H, W): Efficient-CapsNet's rotation,
+    shift, squeeze and erasing when ``options.augment`` is 'efficient'; else a random
+    ``crop`` when one is asked for (the crop is the translation), else random shifts of up to
+    ``max_shift`` pixels with zero fill."""
+    if options.augment == "efficient":
+        return efficient_augment(x, generator)  # (B, C, H, W)
     if options.crop is not None:
         return random_crop(x, options.crop, generator)  # (B, C, crop, crop)
     return random_shift(x, options.max_shift, generator)  # (B, C, H, W)
