@@ -60,8 +60,9 @@ EFFICIENT_LR = 5e-4
 # config.json (commit b7b5d3b) "lr": 5e-4, "lr_dec": 0.97, "batch_size": 16, "epochs": 150;
 # utils/tools.py lines 19-23, learn_scheduler: lr * lr_dec ** epoch, but never below 5e-5
 # (the floor from the 77th epoch on), set per epoch by Keras' LearningRateScheduler (line
-# 32); no warm-up, no moving average; utils/pre_process_mnist.py (commit d058a28) lines 113-122:
-# rotation, shift into the margins, squeeze and erasing (capsnet/data/augment_efficient.py).
+# 32); no warm-up, no moving average; utils/pre_process_mnist.py (commit d058a28) lines
+# 113-122: rotation, shift into the margins, squeeze and erasing
+# (capsnet/data/augment_efficient.py).
 # Its "lmd_gen": 0.392 on Keras' per-pixel mean is capsnet's reconstruction weight 0.0005.
 EFFICIENT_PAPER_RECIPE = Recipe(epochs=150, batch_size=16, lr_scale=1.0, schedule="exp",
                                 lr_decay=0.97, warmup_epochs=0.0, min_lr=5e-5, ema_decay=0.0,

@@ -2,8 +2,9 @@
 
 The paper's (``exp`` without warm-up) multiplies the rate by ``lr_decay`` after every epoch,
 never below ``min_lr`` (0 in CapsNet's paper recipe, 5e-5 in Efficient-CapsNet's): torch's
-ExponentialLR with that floor, stepped by the runner once per epoch. Every other schedule sets the
-rate before each optimiser step: a LambdaLR whose multiplier is a :class:`StepSchedule`.
+ExponentialLR with that floor, stepped by the runner once per epoch. Every other schedule
+sets the rate before each optimiser step: a LambdaLR whose multiplier is a
+:class:`StepSchedule`.
 That is a callable object, not a function, so the scheduler's state_dict carries its
 shape and length and a resumed run continues it bit-exactly; a run extended past its
 planned end with --epochs stays at the schedule's last value.
