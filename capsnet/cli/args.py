@@ -20,7 +20,13 @@ from capsnet.layers.gemm_conv import CONV_IMPLS
 from capsnet.loading import CheckpointError, load_model
 from capsnet.models.precision import PRECISIONS
 from capsnet.training.loop import NonFiniteLossError
-from capsnet.training.recipes import FAST_RECIPE, PAPER_RECIPE, RECIPES, SCHEDULES
+from capsnet.training.recipes import (
+    EFFICIENT_PAPER_RECIPE,
+    FAST_RECIPE,
+    PAPER_RECIPE,
+    RECIPES,
+    SCHEDULES,
+)
 from capsnet.training.settings import (
     CNN_LR,
     DEFAULT_VAL_SIZE,
@@ -167,25 +173,30 @@ def add_recipe_args(p: argparse.ArgumentParser,
 def add_schedule_args(p: argparse.ArgumentParser) -> None:
     """--recipe and the options it fills when they are not given: epochs, batch, the
     learning rate's peak and schedule, the weights' moving average."""
-    paper, fast = PAPER_RECIPE, FAST_RECIPE
+    paper, fast, efficient = PAPER_RECIPE, FAST_RECIPE, EFFICIENT_PAPER_RECIPE
     p.add_argument("--recipe", default=None, choices=list(RECIPES),
                    help=f"training schedule filling every option below left unset: 'paper' "
-                        f"(default: {paper.epochs} epochs, Adam x {DEFAULTS.lr_decay} after each "
-                        f"epoch) or "
-                        f"'fast' ({fast.epochs} epochs, peak {fast.lr_scale:g}x the paper's "
+                        f"(default: {paper.epochs} epochs, Adam x {paper.lr_decay} after each "
+                        f"epoch; for --model efficient its authors': {efficient.epochs} "
+                        f"epochs, batch {efficient.batch_size}, x {efficient.lr_decay} down to "
+                        f"{efficient.min_lr:g}, --augment {efficient.augment}) or "
+                        f"'fast' ({fast.epochs} epochs, peak {fast.lr_scale:g}x the model's "
                         f"rate, {fast.warmup_epochs:g} epoch warm-up, {fast.schedule} to "
                         f"{fast.min_lr:g}, EMA {fast.ema_decay:g} of the weights)")
     p.add_argument("--epochs", type=int, default=None, help="default: the recipe's")
     p.add_argument("--batch-size", type=int, default=None,
                    help=f"global batch (split over the processes under torchrun; default: "
-                        f"the recipe's, {paper.batch_size})")
+                        f"the recipe's, {paper.batch_size}; {efficient.batch_size} for "
+                        f"Efficient-CapsNet's paper recipe)")
     p.add_argument("--lr", type=float, default=None,
                    help=f"peak Adam learning rate (default: the recipe's multiple of {PAPER_LR}; "
                         f"of {CNN_LR} for the CNN baseline of the paper and half presets, "
                         f"which dies at {PAPER_LR}; of {EFFICIENT_LR} for Efficient-CapsNet)")
     p.add_argument("--lr-decay", type=float, default=None,
-                   help=f"schedule exp: learning-rate factor applied after each epoch (default "
-                        f"{DEFAULTS.lr_decay}; with --resume: the run's own unless given)")
+                   help=f"schedule exp: learning-rate factor applied after each epoch (default: "
+                        f"the recipe's, {paper.lr_decay}; {efficient.lr_decay} for "
+                        f"Efficient-CapsNet's paper recipe; with --resume: the run's own unless "
+                        f"given)")
     p.add_argument("--schedule", default=None, choices=SCHEDULES,
                    help="learning rate: exp (x --lr-decay after each epoch, the paper's), "
                         "cosine (down to --min-lr at the last step) or onecycle (a cosine "
@@ -194,7 +205,9 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-epochs", type=float, default=None, metavar="F",
                    help="linear warm-up to the peak rate over F epochs, set every step")
     p.add_argument("--min-lr", type=float, default=None,
-                   help="cosine/onecycle: the rate at the end of the run")
+                   help=f"the rate's floor: cosine/onecycle end there, exp stops decaying "
+                        f"there (default: the recipe's; {paper.min_lr:g} in the paper recipe, "
+                        f"{efficient.min_lr:g} in Efficient-CapsNet's)")
     p.add_argument("--ema-decay", type=float, default=None, metavar="F",
                    help="exponential moving average of the weights, updated every step; the "
                         "average is validated, selected, saved as the model and tested "

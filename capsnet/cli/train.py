@@ -5,6 +5,7 @@ import argparse
 
 from capsnet.cli.args import DEFAULTS, add_recipe_args, add_run_args, settings_from_args
 from capsnet.training.fit import fit
+from capsnet.training.recipes import AUGMENTATIONS
 
 
 def add_parser(subparsers) -> None:
@@ -18,9 +19,15 @@ def add_parser(subparsers) -> None:
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
     """The classification recipe's arguments, shared by `train` and `repeat`."""
-    add_recipe_args(p, models=("capsnet", "cnn", "efficient", "em"))
+    add_recipe_args(p)
+    p.add_argument("--augment", default=None, choices=AUGMENTATIONS,
+                   help="training augmentation: 'shift' (random shifts of up to --max-shift "
+                        "pixels, the CapsNet paper's) or 'efficient' (Efficient-CapsNet's "
+                        "rotations, shifts into the free margins, squeezes and 4x4 erasing; "
+                        "docs/models-efficient.md); default: the recipe's ('efficient' for "
+                        "--model efficient under --recipe paper, else 'shift')")
     p.add_argument("--max-shift", type=int, default=None,
-                   help=f"random shift augmentation in pixels (0 disables; default: the "
+                   help=f"--augment shift: random shifts in pixels (0 disables; default: the "
                         f"recipe's, {DEFAULTS.max_shift})")
     p.add_argument("--monitor-test", action="store_true",
                    help="also report test accuracy after every epoch (monitoring only)")

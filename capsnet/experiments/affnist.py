@@ -145,5 +145,5 @@ def train_affnist(settings: TrainSettings, resume: str | None = None,
     """Train ``settings.model`` under the affNIST protocol (``settings.canvas``, default 40;
     ``target_accuracy`` stops at a validation accuracy; ``test_limit`` tests on the first N
     test digits). Returns (and writes) results.json."""
-    return run_task(AffnistTask(dataclasses.replace(settings, task="affnist", max_shift=0)),
-                    resume, argv, log)
+    placed = dataclasses.replace(settings, task="affnist", augment="shift", max_shift=0)
+    return run_task(AffnistTask(placed), resume, argv, log)

@@ -103,9 +103,10 @@ def data_overrides(settings: TrainSettings, data: RunData, image_size: int | Non
 
 
 class ClassifyTask(Task):
-    """Images of a dataset with one label each; the paper's random shifts; validation on
-    the held-out split; the test set evaluated once for the final and selected models, and
-    the selected model's test scores saved (capsnet.training.scores)."""
+    """Images of a dataset with one label each; the settings' augmentation (the paper's
+    random shifts, or Efficient-CapsNet's); validation on the held-out split; the test set
+    evaluated once for the final and selected models, and the selected model's test scores
+    saved (capsnet.training.scores)."""
 
     name = "classify"
 
@@ -132,7 +133,7 @@ class ClassifyTask(Task):
         options = StepOptions(distributed.per_rank_batch(s.batch_size, world), s.max_shift,
                               s.reconstruction_weight, crop=self.data.crop,
                               grad_scaler=self.grad_scaler,
-                              sum_over_ranks=distributed.summer(world),
+                              sum_over_ranks=distributed.summer(world), augment=s.augment,
                               run_span=((epoch - 1) / s.epochs, epoch / s.epochs))
         result = train_one_epoch(model, optimizer, self.data.train.images, self.data.train.labels,
                                  order, options, generator, on_progress)

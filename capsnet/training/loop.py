@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from capsnet.data.augment import random_crop, random_shift, to_model_input
+from capsnet.data.augment_efficient import efficient_augment
 from capsnet.losses import model_loss
 from capsnet.models import class_scores
 
@@ -34,6 +35,12 @@ class StepOptions:
     # the fraction of the whole run done at this epoch's start and end: losses that change
     # over the run (the spread loss's margin) take each step's; (1, 1): the final loss
     run_span: tuple[float, float] = (1.0, 1.0)
+    augment: str = "shift"  # 'shift' (max_shift, or crop) or 'efficient' (Efficient-CapsNet's)
+
+    def __post_init__(self) -> None:
+        if self.augment == "efficient" and self.crop is not None:
+            raise ValueError("random crops take the place of the 'shift' augmentation; they "
+                             "do not combine with the 'efficient' one")
 
 
 def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
@@ -107,9 +114,12 @@ def checked_mean_loss(loss_sum: torch.Tensor, seen: int,
 
 def augment(x: torch.Tensor, options: StepOptions,
             generator: torch.Generator | None = None) -> torch.Tensor:
-    """The training augmentation of a float batch (B, C, H, W): a random ``crop`` when one
-    is asked for (the crop is the translation), else random shifts of up to ``max_shift``
-    pixels with zero fill."""
+    """The training augmentation of a float batch (B, C, H, W): Efficient-CapsNet's rotation,
+    shift, squeeze and erasing when ``options.augment`` is 'efficient'; else a random
+    ``crop`` when one is asked for (the crop is the translation), else random shifts of up to
+    ``max_shift`` pixels with zero fill."""
+    if options.augment == "efficient":
+        return efficient_augment(x, generator)  # (B, C, H, W)
     if options.crop is not None:
         return random_crop(x, options.crop, generator)  # (B, C, crop, crop)
     return random_shift(x, options.max_shift, generator)  # (B, C, H, W)

@@ -1,8 +1,10 @@
 """Learning-rate schedules.
 
-The paper's (``exp`` without warm-up) multiplies the rate by ``lr_decay`` after every epoch:
-torch's ExponentialLR, stepped by the runner once per epoch. Every other schedule sets the
-rate before each optimiser step: a LambdaLR whose multiplier is a :class:`StepSchedule`.
+The paper's (``exp`` without warm-up) multiplies the rate by ``lr_decay`` after every epoch,
+never below ``min_lr`` (0 in CapsNet's paper recipe, 5e-5 in Efficient-CapsNet's): torch's
+ExponentialLR with that floor, stepped by the runner once per epoch. Every other schedule
+sets the rate before each optimiser step: a LambdaLR whose multiplier is a
+:class:`StepSchedule`.
 That is a callable object, not a function, so the scheduler's state_dict carries its
 shape and length and a resumed run continues it bit-exactly; a run extended past its
 planned end with --epochs stays at the schedule's last value.
@@ -14,7 +16,8 @@ the run, f = min_lr / lr the floor):
   p = (s - W) / (T - W), capped at 1.
 - ``onecycle`` (the rate's shape in torch's OneCycleLR, momentum not cycled): a half-cosine
   from 1/25 up to 1 over the W warm-up steps, then the same half-cosine down to f.
-- ``exp`` with warm-up: (s + 1) / W while s < W, times lr_decay ** (the epoch s falls in).
+- ``exp`` with warm-up: (s + 1) / W while s < W, times max(f, lr_decay ** (the epoch s
+  falls in)).
 """
 from __future__ import annotations
 
@@ -57,9 +60,27 @@ def one_cycle(step: int, warmup_steps: int, total_steps: int, floor: float,
     return half_cosine(1.0, floor, anneal_progress(step, warmup_steps, total_steps))
 
 
-def exp_staircase(step: int, warmup_steps: int, steps_per_epoch: int, decay: float) -> float:
-    """The paper's decay per epoch, after a linear warm-up."""
-    return linear_warmup(step, warmup_steps) * decay ** (step // steps_per_epoch)
+def exp_staircase(step: int, warmup_steps: int, steps_per_epoch: int, decay: float,
+                  floor: float = 0.0) -> float:
+    """The paper's decay per epoch down to ``floor``, after a linear warm-up."""
+    return linear_warmup(step, warmup_steps) * max(floor, decay ** (step // steps_per_epoch))
+
+
+class FlooredExponentialLR(ExponentialLR):
+    """ExponentialLR whose rate never goes below ``min_lr``: x gamma after each epoch, then
+    max(min_lr, rate) (with min_lr 0, ExponentialLR's rates to the bit). Efficient-CapsNet's
+    learn_scheduler: max(5e-5, 5e-4 x 0.97 ** epoch). ``min_lr`` is in its state_dict."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, gamma: float, min_lr: float = 0.0,
+                 last_epoch: int = -1) -> None:
+        self.min_lr = min_lr
+        super().__init__(optimizer, gamma, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        return [max(self.min_lr, lr) for lr in super().get_lr()]
+
+    def _get_closed_form_lr(self) -> list[float]:
+        return [max(self.min_lr, lr) for lr in super()._get_closed_form_lr()]
 
 
 @dataclass
@@ -80,7 +101,8 @@ class StepSchedule:
         if self.shape == "onecycle":
             return one_cycle(step, self.warmup_steps, self.total_steps, self.floor)
         if self.shape == "exp":
-            return exp_staircase(step, self.warmup_steps, self.steps_per_epoch, self.decay)
+            return exp_staircase(step, self.warmup_steps, self.steps_per_epoch, self.decay,
+                                 self.floor)
         raise ValueError(f"unknown schedule shape {self.shape!r}")
 
 
@@ -95,7 +117,7 @@ def make_scheduler(optimizer: torch.optim.Optimizer, settings,
     whether it steps after every optimiser step (True) or once per epoch (False).
     ``settings`` is a TrainSettings; ``steps_per_epoch`` the optimiser steps in an epoch."""
     if not is_per_step(settings):
-        return ExponentialLR(optimizer, settings.lr_decay), False
+        return FlooredExponentialLR(optimizer, settings.lr_decay, settings.min_lr), False
     steps_per_epoch = max(1, steps_per_epoch)
     schedule = StepSchedule(settings.schedule,
                             warmup_steps=round(settings.warmup_epochs * steps_per_epoch),

@@ -6,7 +6,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from capsnet.training.recipes import SCHEDULES, get_recipe
+from capsnet.training.recipes import (
+    AUGMENTATIONS,
+    CNN_LR,
+    EFFICIENT_LR,
+    EM_LR,
+    PAPER_LR,
+    SCHEDULES,
+    recipe_for,
+)
 
 
 @dataclass
@@ -17,21 +25,22 @@ class TrainSettings:
     dataset: str = "mnist"  # mnist, fashion-mnist, cifar10, svhn, or folder (data_dir = its root)
     data_dir: str | None = None
     download: bool = True
-    # None below: the recipe's value (capsnet/training/recipes.py)
+    # None below: the recipe's value for the model (capsnet/training/recipes.py)
     recipe: str = "paper"  # 'paper' or 'fast'
     epochs: int | None = None
     batch_size: int | None = None
     lr: float | None = None  # peak Adam rate; None: the recipe's multiple of default_lr()
-    lr_decay: float = 0.96  # schedule 'exp': multiplied into the learning rate after each epoch
+    lr_decay: float | None = None  # schedule 'exp': multiplied into the rate after each epoch
     schedule: str | None = None  # 'exp' (per epoch), 'cosine' or 'onecycle' (per step)
     warmup_epochs: float | None = None  # linear warm-up from ~0 to lr (per step)
-    min_lr: float | None = None  # 'cosine'/'onecycle': the rate at the end of the run
+    min_lr: float | None = None  # the floor: 'cosine'/'onecycle' end there, 'exp' stops there
     ema_decay: float | None = None  # EMA of the weights, validated/saved/tested; 0: none
     ema_warmup: bool | None = None  # EMA decay min(ema_decay, (1 + n) / (10 + n)) at update n
     routing: str = "dynamic"  # CapsNet: the routing algorithm (capsnet.layers.router.ROUTERS)
     routing_iterations: int = 3
     reconstruction_weight: float = 0.0005  # 0 trains CapsNet without its decoder
-    max_shift: int | None = None  # random translation augmentation, pixels
+    augment: str | None = None  # 'shift' (max_shift) or 'efficient' (Efficient-CapsNet's)
+    max_shift: int | None = None  # 'shift': random translations of up to this many pixels
     crop: int | None = None  # random crops in training (instead of shifts), centre crop to evaluate
     image_size: int | None = None  # resize the images to N x N (default: their own size)
     channels: int | None = None  # 1 (grey) or 3 (RGB); default: the data's own
@@ -57,13 +66,16 @@ class TrainSettings:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        recipe = get_recipe(self.recipe)
+        recipe = recipe_for(self.recipe, self.model)
         for name in RECIPE_FIELDS:
             if getattr(self, name) is None:
                 setattr(self, name, getattr(recipe, name))
         if self.lr is None:
             self.lr = recipe.lr_scale * default_lr(self.model, self.preset)
+        if self.max_shift is None:  # the 'shift' augmentation's; a run without it records 0
+            self.max_shift = recipe.max_shift if self.augment == "shift" else 0
         check_schedule(self)
+        check_augment(self)
         if self.keep_every is not None and self.keep_every < 1:
             raise ValueError(f"keep_every must be a positive number of epochs, "
                              f"not {self.keep_every}")
@@ -74,34 +86,16 @@ class TrainSettings:
     @classmethod
     def from_dict(cls, values: dict) -> TrainSettings:
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
-
-
-# The wide CNN baselines do not learn at the paper's Adam 1e-3: the 'half' CNN on the
-# affNIST canvas (102,400 inputs to its first FC layer; the paper-width CNN has 100,352 at
-# 28x28) ended its first epoch at loss 2.303 = ln 10, chance accuracy; at 1e-4 it learns.
-# The 'small' and 'tiny' CNNs (6,272 and 1,568 inputs) learn at 1e-3.
-PAPER_LR = 1e-3
-CNN_LR = 1e-4
-# Efficient-CapsNet's own Adam rate: "lr": 5e-4 in the public code's config.json
-# (EscVM/Efficient-CapsNet), which also decays it by "lr_dec": 0.97 per epoch down to a
-# floor of 5e-5 (utils/tools.py, learn_scheduler) at batch 16 for 150 epochs, with
-# "lmd_gen": 0.392 on Keras' per-pixel mean squared error, i.e. 0.392 / 784 = 0.0005 on the
-# sum, the reconstruction weight capsnet already uses (docs/models-efficient.md).
-EFFICIENT_LR = 5e-4
-EFFICIENT_LR_DECAY = 0.97
-EFFICIENT_BATCH_SIZE = 16
-EFFICIENT_EPOCHS = 150
-# Matrix capsules with EM routing: Adam at 3e-3, the authors' answer on OpenReview ("We use
-# an exponential decay with learning rate: 3e-3, decay_steps: 20000, decay rate: 0.96",
-# https://openreview.net/forum?id=HJWLfGWRb, quoted in IBM/matrix-capsules-with-em-routing
-# train_val.py, whose config.py uses it too).
-EM_LR = 3e-3
+        values = {k: v for k, v in values.items() if k in known}
+        values.setdefault("augment", "shift")  # the only one before the setting existed
+        return cls(**values)
 
 
 def default_lr(model: str, preset: str) -> float:
-    """The Adam learning rate of a run that names none: the paper's, but CNN_LR for the
-    wide CNN baselines, Efficient-CapsNet's own for it and EM_LR for matrix capsules."""
+    """The Adam learning rate of a run that names none, before the recipe's lr_scale: the
+    paper's, but CNN_LR for the wide CNN baselines and Efficient-CapsNet's own for it
+    and EM_LR for matrix capsules
+    (the rates: capsnet/training/recipes.py)."""
     if model == "efficient":
         return EFFICIENT_LR
     if model == "em":
@@ -109,9 +103,10 @@ def default_lr(model: str, preset: str) -> float:
     return CNN_LR if model == "cnn" and preset not in ("small", "tiny") else PAPER_LR
 
 
-# Settings a recipe fills when a run leaves them None (the learning rate: see __post_init__).
-RECIPE_FIELDS = ("epochs", "batch_size", "schedule", "warmup_epochs", "min_lr", "ema_decay",
-                 "ema_warmup", "max_shift")
+# Settings a recipe fills when a run leaves them None (the learning rate and max_shift: see
+# __post_init__).
+RECIPE_FIELDS = ("epochs", "batch_size", "schedule", "lr_decay", "warmup_epochs", "min_lr",
+                 "ema_decay", "ema_warmup", "augment")
 
 
 def check_schedule(s: TrainSettings) -> None:
@@ -123,6 +118,19 @@ def check_schedule(s: TrainSettings) -> None:
                          f"not {s.warmup_epochs}")
     if not 0.0 <= s.ema_decay < 1.0:
         raise ValueError(f"ema_decay must be in [0, 1) (0: no moving average), not {s.ema_decay}")
+
+
+def check_augment(s: TrainSettings) -> None:
+    """A ValueError for an unknown augmentation, or one given options of another."""
+    if s.augment not in AUGMENTATIONS:
+        raise ValueError(f"unknown augmentation {s.augment!r}; choose from "
+                         f"{', '.join(AUGMENTATIONS)}")
+    if s.augment != "shift" and s.max_shift:
+        raise ValueError(f"max_shift {s.max_shift} needs augment 'shift'; augment "
+                         f"{s.augment!r} moves the images its own way")
+    if s.augment != "shift" and s.crop is not None:
+        raise ValueError(f"crop takes the place of augment 'shift'; it does not combine with "
+                         f"augment {s.augment!r}")
 
 
 # The validation split when none is asked for: DEFAULT_VAL_SIZE images (MNIST's 5,000 of

@@ -1,0 +1,263 @@
+"""Efficient-CapsNet's MNIST training augmentation, batched on the training device.
+
+As the authors' public code applies it (EscVM/Efficient-CapsNet, utils/pre_process_mnist.py,
+commit d058a28; ``generate_tf_data``, lines 113-122), to every training image, afresh each
+epoch, in this order:
+
+1. :func:`random_rotate` (lines 63-77): half of the time, by ``int(30 r)`` whole degrees,
+   r ~ N(0, 0.33) clipped to +-0.9999 (so -29..29 degrees), about the point (W/2, H/2);
+2. :func:`random_margin_shift` (lines 31-61): by a fraction |N(0, 0.33)| of the empty
+   margin on a side chosen by a coin, in x and in y, so that no ink leaves the image;
+3. :func:`random_squeeze` (lines 93-108): the width resized to W - w with w = 1..7
+   (Lanczos-3, antialiased), the rest zero;
+4. :func:`random_erase` (lines 79-90): a 4x4 patch set to zero.
+
+Each step is one set of tensor operations over the batch (B, C, H, W), with no loop over the
+images; the random numbers come from ``generator``, so a seeded generator gives the same
+images. The channels of an image move together. The public code's random numbers come from
+TensorFlow's generator, so the draws differ; their distributions are theirs.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+SIGMA = 0.33  # the standard deviation of every normal draw (tf.random.normal(.., 0, .33))
+CLIP = 0.9999  # draws are clipped to +-CLIP (tf.minimum / tf.maximum)
+MAX_DEGREES = 30  # rotation: angle = int(30 r)
+SQUEEZE_FRACTION = 4  # squeeze: up to W / 4 columns (7 for MNIST) taken from the width
+LANCZOS_RADIUS = 3  # tf.image.ResizeMethod.LANCZOS3
+ERASE_SIZE = 4  # erase: a 4x4 patch ...
+ERASE_FIRST, ERASE_PLACES = 4, 19  # ... at row and column floor(19 u) + 4: 4..22
+# OpenCV's warpAffine (bilinear) computes source coordinates in fixed point, 1/1024 pixel,
+# then keeps 1/32 pixel for the interpolation weights (AB_BITS 10, INTER_BITS 5).
+FIXED_POINT, SUBPIXEL = 1024, 32
+
+
+def clipped_normal(shape: tuple[int, ...], generator: torch.Generator | None,
+                   device: torch.device) -> torch.Tensor:
+    """N(0, SIGMA) draws clipped to [-CLIP, CLIP], float32."""
+    r = torch.randn(shape, generator=generator, device=device) * SIGMA
+    return r.clamp(-CLIP, CLIP)
+
+
+def half_normal(shape: tuple[int, ...], generator: torch.Generator | None,
+                device: torch.device) -> torch.Tensor:
+    """min(|N(0, SIGMA)|, CLIP), float32: the fractions of the shift and the squeeze."""
+    r = torch.randn(shape, generator=generator, device=device) * SIGMA
+    return r.abs().clamp_max(CLIP)
+
+
+def gather_pixels(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """images[b, :, rows[b, i, j], cols[b, i, j]] with zeros where (row, col) is outside.
+
+    images (B, C, H, W); rows, cols (B, H', W') long -> (B, C, H', W')."""
+    B, C, H, W = images.shape
+    inside = (rows >= 0) & (rows < H) & (cols >= 0) & (cols < W)  # (B, H', W')
+    index = rows.clamp(0, H - 1) * W + cols.clamp(0, W - 1)  # (B, H', W')
+    picked = images.flatten(2).gather(2, index.flatten(1)[:, None].expand(B, C, -1))
+    return picked.view(B, C, *rows.shape[1:]) * inside[:, None]  # (B, C, H', W')
+
+
+# --- 1. rotation -----------------------------------------------------------------------------
+
+def rotate(images: torch.Tensor, degrees: torch.Tensor) -> torch.Tensor:
+    """Each image turned counter-clockwise (as displayed) by its ``degrees``, as OpenCV's
+    ``warpAffine(image, getRotationMatrix2D((W/2, H/2), degrees, 1), (W, H))`` does it:
+    about the point (W/2, H/2) in pixel-index coordinates (half a pixel right of and below
+    the image's centre), bilinear, zero outside, the source coordinates in OpenCV's fixed
+    point (float64 as there; float32 on devices without it). On MNIST digits this equals
+    OpenCV 4.5's output to the bit (tests/test_efficient_recipe.py).
+
+    images (B, C, H, W) float; degrees (B,) -> (B, C, H, W)."""
+    B, C, H, W = images.shape
+    device = images.device
+    dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+    angle = torch.deg2rad(degrees.to(device, dtype))  # (B,)
+    a, b = angle.cos()[:, None], angle.sin()[:, None]  # (B, 1)
+    cx, cy = W / 2, H / 2
+    x = torch.arange(W, device=device, dtype=dtype)  # (W,)
+    y = torch.arange(H, device=device, dtype=dtype)  # (H,)
+    # the inverse map, destination -> source (cv2.invertAffineTransform): a turn by -angle
+    # about (cx, cy), as a part per column plus a part per row
+    col, fx = opencv_subpixel(a * x, -b * y + (cx - a * cx + b * cy))  # (B, H, W) each
+    row, fy = opencv_subpixel(b * x, a * y + (cy - b * cx - a * cy))
+    fx, fy = fx[:, None], fy[:, None]  # (B, 1, H, W)
+    return (gather_pixels(images, row, col) * ((1 - fy) * (1 - fx))
+            + gather_pixels(images, row, col + 1) * ((1 - fy) * fx)
+            + gather_pixels(images, row + 1, col) * (fy * (1 - fx))
+            + gather_pixels(images, row + 1, col + 1) * (fy * fx))  # (B, C, H, W)
+
+
+def opencv_subpixel(per_col: torch.Tensor,
+                    per_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A source coordinate as OpenCV's warpAffine computes it: the column's and the row's
+    parts each rounded to 1/1024 pixel, their sum rounded to 1/32 pixel; returned as the
+    whole pixel and the fraction (a multiple of 1/32).
+    per_col (B, W), per_row (B, H) float -> (B, H, W) long and (B, H, W) float32."""
+    fixed = ((per_col * FIXED_POINT).round()[:, None, :]
+             + (per_row * FIXED_POINT).round()[:, :, None]).long()  # (B, H, W), 1/1024 pixel
+    step = FIXED_POINT // SUBPIXEL
+    sub = torch.div(fixed + step // 2, step, rounding_mode="floor")  # (B, H, W), 1/32 pixel
+    whole = torch.div(sub, SUBPIXEL, rounding_mode="floor")
+    return whole, (sub - whole * SUBPIXEL).float() / SUBPIXEL
+
+
+def rotation_draws(batch: int, generator: torch.Generator | None,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole degrees int(30 r), r ~ N(0, 0.33) clipped to +-0.9999 (truncated toward zero,
+    so -29..29), and whether each image is turned: a second draw <= 0, half of the time
+    (``tf.cond(rand_amts[1] > 0, image, rotated)``). Returns (B,) float32 and (B,) bool."""
+    r = clipped_normal((batch, 2), generator, device)  # (B, 2)
+    return (r[:, 0] * MAX_DEGREES).trunc(), r[:, 1] <= 0
+
+
+def random_rotate(images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Half of the images turned by int(30 r) degrees (:func:`rotation_draws`), the others
+    as they were. (B, C, H, W) -> (B, C, H, W)."""
+    degrees, turned = rotation_draws(images.shape[0], generator, images.device)
+    return torch.where(turned[:, None, None, None], rotate(images, degrees), images)
+
+
+# --- 2. shift into the free margins ----------------------------------------------------------
+
+def margins(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The empty columns left and right of the ink and the empty rows above and below it
+    (ink: a column or row whose sum over the image is > 0); 0 for a blank image.
+    images (B, C, H, W) -> left, right, top, bottom, each (B,) long."""
+    cols = (images.sum(dim=(1, 2)) > 0).int()  # (B, W)
+    rows = (images.sum(dim=(1, 3)) > 0).int()  # (B, H)
+    # argmax finds the first maximum: the first inked column from either side
+    return cols.argmax(1), cols.flip(1).argmax(1), rows.argmax(1), rows.flip(1).argmax(1)
+
+
+def margin_shift(before: torch.Tensor, after: torch.Tensor, fraction: torch.Tensor,
+                 forward: torch.Tensor) -> torch.Tensor:
+    """Pixels to move along one axis: floor(-fraction x before) (toward the start) or, where
+    ``forward``, floor(fraction x (1 + after)); with fraction < 1 the ink stays inside.
+    before, after (B,) margins; fraction (B,) in [0, 1); forward (B,) bool -> (B,) long."""
+    back = torch.floor(-fraction * before)  # (B,)
+    ahead = torch.floor(fraction * (1 + after))  # (B,)
+    return torch.where(forward, ahead, back).long()
+
+
+def roll(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
+    """Each image rolled down by dy and right by dx pixels, what leaves one side coming back
+    on the other (tf.roll); moved within its margins, only empty rows and columns wrap.
+    images (B, C, H, W); dy, dx (B,) long -> (B, C, H, W)."""
+    B, C, H, W = images.shape
+    device = images.device
+    rows = (torch.arange(H, device=device) - dy[:, None]) % H  # (B, H)
+    cols = (torch.arange(W, device=device) - dx[:, None]) % W  # (B, W)
+    return gather_pixels(images, rows[:, :, None].expand(B, H, W),
+                         cols[:, None, :].expand(B, H, W))
+
+
+def random_margin_shift(images: torch.Tensor,
+                        generator: torch.Generator | None = None) -> torch.Tensor:
+    """Each image moved in x and y by a fraction min(|N(0, 0.33)|, 0.9999) of its free
+    margin on a side chosen with probability 1/2 (:func:`margin_shift`), so that all ink
+    stays inside. (B, C, H, W) -> (B, C, H, W)."""
+    B, device = images.shape[0], images.device
+    left, right, top, bottom = margins(images)
+    forward = torch.rand((B, 2), generator=generator, device=device) >= 0.5  # floor(2u) == 1
+    fraction = half_normal((B, 2), generator, device)  # (B, 2)
+    dx = margin_shift(left, right, fraction[:, 0], forward[:, 1])  # their pairing of draws
+    dy = margin_shift(top, bottom, fraction[:, 1], forward[:, 0])
+    return roll(images, dy, dx)
+
+
+# --- 3. horizontal squeeze -------------------------------------------------------------------
+
+def lanczos3(x: torch.Tensor) -> torch.Tensor:
+    """TensorFlow's Lanczos-3 kernel: 3 sin(pi x) sin(pi x / 3) / (pi x)^2 for |x| <= 3,
+    1 for |x| <= 1e-3, 0 beyond 3."""
+    x = x.abs()
+    safe = x.clamp_min(1e-3)
+    value = (LANCZOS_RADIUS * torch.sin(math.pi * safe) * torch.sin(math.pi * safe / LANCZOS_RADIUS)
+             / (math.pi ** 2 * safe * safe))
+    return torch.where(x <= 1e-3, 1.0, torch.where(x > LANCZOS_RADIUS, 0.0, value))
+
+
+def squeeze_weights(size: int, cut: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+    """Per image, the (size, size) matrix taking a row of ``size`` pixels to the row resized
+    to size - cut pixels (TensorFlow's scale_and_translate, antialiased Lanczos-3: output
+    pixel j samples the input at (j + 0.5) x size / (size - cut) with the kernel widened by
+    that factor, over the input pixels within 3 widths, its weights summing to 1) placed
+    at column cut // 2 + extra, zero elsewhere.
+    cut, extra (B,) long -> (B, size, size), [b, output column, input column]."""
+    device = cut.device
+    out_size = (size - cut).float()[:, None, None]  # (B, 1, 1)
+    inv_scale = size / out_size  # (B, 1, 1): the kernel's width, > 1 (a downscale)
+    j = torch.arange(size, device=device)[None, :, None] - (cut // 2 + extra)[:, None, None]
+    sample = (j + 0.5) * inv_scale  # (B, size, 1): where output column j samples the input
+    source = torch.arange(size, device=device, dtype=torch.float32)[None, None, :]  # (1, 1, size)
+    # the span of input pixels TensorFlow sums over, clamped to the image
+    start = torch.ceil(sample - LANCZOS_RADIUS * inv_scale - 0.5).clamp(0, size - 1)
+    end = torch.floor(sample + LANCZOS_RADIUS * inv_scale - 0.5).clamp(0, size - 1)
+    weights = lanczos3((source + 0.5 - sample) * (1 / inv_scale))  # (B, size, size)
+    weights = weights * ((source >= start) & (source <= end))
+    weights = weights * (1 / weights.sum(-1, keepdim=True).clamp_min(1e-30))
+    placed = (j >= 0) & (j < out_size)  # (B, size, 1): the columns the resized row covers
+    return weights * placed
+
+
+def squeeze(images: torch.Tensor, cut: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+    """Each image's width resized to W - cut (:func:`squeeze_weights`), placed from column
+    cut // 2 + extra on a zero background; the height is kept (TensorFlow resizes it by a
+    factor 1: weights within 1e-7 of the identity, taken as the identity here).
+    images (B, C, H, W); cut, extra (B,) long -> (B, C, H, W)."""
+    weights = squeeze_weights(images.shape[-1], cut.to(images.device), extra.to(images.device))
+    return torch.einsum("bchs,bjs->bchj", images, weights.to(images.dtype))  # (B, C, H, W)
+
+
+def random_squeeze(images: torch.Tensor,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """Each image squeezed by cut = floor(W/4 r + 1) columns (1..7 for MNIST) and placed at
+    cut // 2 + floor(2 r'), r, r' ~ min(|N(0, 0.33)|, 0.9999). (B, C, H, W) -> same."""
+    B, W = images.shape[0], images.shape[-1]
+    r = half_normal((B, 2), generator, images.device)  # (B, 2)
+    cut = torch.floor(r[:, 0] * (W / SQUEEZE_FRACTION) + 1).long()  # (B,)
+    extra = torch.floor(r[:, 1] * 2).long()  # (B,) 0 or 1
+    return squeeze(images, cut, extra)
+
+
+# --- 4. erasing ------------------------------------------------------------------------------
+
+def erase(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor,
+          size: int = ERASE_SIZE) -> torch.Tensor:
+    """Each image with the ``size`` x ``size`` patch from row ``top``, column ``left`` set
+    to zero. images (B, C, H, W); top, left (B,) long -> (B, C, H, W)."""
+    H, W = images.shape[-2:]
+    device = images.device
+    rows = torch.arange(H, device=device) - top[:, None]  # (B, H)
+    cols = torch.arange(W, device=device) - left[:, None]  # (B, W)
+    patch = (((rows >= 0) & (rows < size))[:, :, None]
+             & ((cols >= 0) & (cols < size))[:, None, :])  # (B, H, W)
+    return images * ~patch[:, None]  # (B, C, H, W)
+
+
+def random_erase(images: torch.Tensor, generator: torch.Generator | None = None,
+                 size: int = ERASE_SIZE, first: int = ERASE_FIRST,
+                 places: int = ERASE_PLACES) -> torch.Tensor:
+    """Each image with a ``size`` x ``size`` patch zeroed, its top-left corner at row and
+    column floor(places u) + first, u ~ U(0, 1) (4..22 for the defaults, the public code's
+    for 28x28). (B, C, H, W) -> (B, C, H, W)."""
+    B, C, H, W = images.shape
+    if first + places - 1 + size > min(H, W):
+        raise ValueError(f"a {size}x{size} patch from {first}..{first + places - 1} does not "
+                         f"fit {H}x{W} images")
+    u = torch.rand((B, 2), generator=generator, device=images.device)  # (B, 2)
+    corner = torch.floor(u * places).long() + first  # (B, 2)
+    return erase(images, corner[:, 0], corner[:, 1], size)
+
+
+def efficient_augment(images: torch.Tensor,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    """Efficient-CapsNet's training augmentation of a float batch: rotation, shift into
+    the margins, squeeze, erasing, in their code's order. (B, C, H, W) -> (B, C, H, W)."""
+    x = random_rotate(images, generator)
+    x = random_margin_shift(x, generator)
+    x = random_squeeze(x, generator)
+    return random_erase(x, generator)
