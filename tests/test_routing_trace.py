@@ -8,7 +8,7 @@ from PIL import Image, ImageDraw
 
 from capsnet.cli.main import main
 from capsnet.config import make_config
-from capsnet.figures import routing_figure
+from capsnet.figures import routing_figure, routing_types_figure
 from capsnet.models import build_model
 from capsnet.routing_trace import receptive_fields, routing_trace
 from capsnet.training.checkpoint import save_checkpoint
@@ -208,3 +208,103 @@ def test_cli_routing_needs_a_capsnet(tmp_path, capsys):
     image.save(own)
     assert main(["routing", "--checkpoint", str(cnn), str(own)]) == 1
     assert "routing needs a CapsNet" in last_error_line(capsys)
+
+
+# ---- Efficient-CapsNet and the EM model ------------------------------------------------------
+
+@pytest.fixture(scope="module", params=["efficient", "em"])
+def other_model(request):
+    torch.manual_seed(3)
+    return build_model(make_config(request.param, "small")).eval()
+
+
+def test_other_models_trace_their_own_outputs_and_couplings(other_model):
+    images = images_for(other_model)
+    with torch.no_grad():
+        out = other_model(model_input(images))
+    trace = routing_trace(other_model, images)
+    assert torch.equal(trace.v, out.poses) and torch.equal(trace.lengths, out.lengths)
+    cfg, J = other_model.config, other_model.config.num_classes
+    em = trace.routing == "em"
+    assert trace.routing == ("em" if em else "self-attention")
+    assert trace.iterations == (cfg.routing_iterations if em else 1)  # self-attention: one pass
+    I = trace.types * trace.grid**2  # noqa: E741
+    assert trace.couplings.shape == (B, trace.iterations, J, I)
+    sums = trace.couplings.sum(dim=2)  # (B, R, I): every child's shares over the classes
+    torch.testing.assert_close(sums, torch.ones_like(sums))
+    torch.testing.assert_close(trace.routed_shares().sum(dim=-1), torch.ones(B, trace.iterations))
+    G, T = trace.grid, trace.types
+    assert trace.coupling_maps().shape == trace.support_maps().shape == (B, trace.iterations, J,
+                                                                          G, G)
+    assert trace.type_maps().shape == trace.type_support().shape == (B, trace.iterations, J, T)
+    torch.testing.assert_close(trace.type_maps().mean(dim=-1),
+                               trace.coupling_maps().mean(dim=(-2, -1)))
+    if em:  # EM's first M-step assigns every child uniformly; the votes weigh by a_i
+        assert torch.equal(trace.couplings[:, 0], torch.full_like(trace.couplings[:, 0], 1 / J))
+        torch.testing.assert_close(trace.contributions()[:, -1],
+                                   trace.couplings[:, -1] * trace.strengths[:, None])
+        assert trace.support_label == "R\u00b7a" and trace.agreements is None
+    else:
+        assert trace.support_label == "|C\u00b7\u00fb|"
+
+
+def test_em_children_are_convcaps2_on_its_grid_position_major():
+    """primary_lengths[b, t, r, c] is ConvCaps2's activation of type t at (r, c), read from
+    the layers; the grid's centres are those coordinate addition adds (scaled by the size)."""
+    torch.manual_seed(4)
+    model = build_model(make_config("em", "small")).eval()
+    x = model_input(images_for(model))
+    with torch.no_grad():
+        h = torch.relu(model.conv1(x))
+        _, a = model.conv_caps2(*model.conv_caps1(*model.primary_caps(h)))  # (B, G, G, T)
+    trace = routing_trace(model, x)
+    assert trace.children.name == "ConvCaps2" and trace.children.strength == "activation"
+    torch.testing.assert_close(trace.primary_lengths, a.permute(0, 3, 1, 2))
+    cfg = model.config
+    assert trace.children.centres == [c * cfg.image_size - 0.5 for c in cfg.class_coordinates]
+
+
+@pytest.mark.parametrize("image_size", [28, 36])
+def test_efficient_receptive_fields_match_the_input_gradient(image_size):
+    torch.manual_seed(5)
+    model = build_model(make_config("efficient", "small", image_size=image_size)).eval()
+    trace = routing_trace(model, torch.zeros(1, image_size, image_size, dtype=torch.uint8))
+    centres, side, G = trace.children.centres, trace.children.field, trace.grid
+    assert len(centres) == G == model.config.primary_grid
+    for row, col in [(0, 0), (G - 1, G // 2)]:
+        x = torch.rand(1, 1, image_size, image_size, requires_grad=True)
+        model.primary_caps.conv(model.features(x))[0, :, row, col].sum().backward()
+        rows, cols = (x.grad[0, 0] != 0).nonzero(as_tuple=True)
+        for seen, g in [(rows, row), (cols, col)]:
+            assert (seen.min() + seen.max()).item() / 2 == centres[g]
+            assert (seen.max() - seen.min()).item() + 1 == side
+
+
+@pytest.mark.parametrize("name, words", [
+    ("efficient", ["1 routing iteration, 8 capsule types on a 1x1 primary grid",
+                   "self-attention routing", "C_ij"]),
+    ("em", ["3 routing iterations, 16 capsule types on a 3x3 ConvCaps2 grid", "em routing",
+            "R_ij"]),
+])
+def test_cli_routing_of_other_models(name, words, tiny_mnist_dir, tmp_path, capsys):
+    torch.manual_seed(6)
+    checkpoint = tmp_path / f"{name}.pt"
+    save_checkpoint(checkpoint, build_model(make_config(name, "small")))
+    out = tmp_path / f"{name}.png"
+    assert main(routing_command(checkpoint, "--index", "0", "3", "--data-dir",
+                                str(tiny_mnist_dir), "--no-download", "--out", str(out))) == 0
+    text = capsys.readouterr().out
+    assert f"wrote {out}: 2 images, " in text and all(w in text for w in words)
+    with Image.open(out) as image:
+        assert image.format == "PNG" and image.size[0] > image.size[1]
+
+
+def test_routing_types_figure_takes_grey_and_colour_inputs(tmp_path):
+    rng = np.random.default_rng(1)
+    maps = rng.dirichlet(np.ones(10), size=(2, 1, 8)).transpose(0, 1, 3, 2)  # (N, R, J, T)
+    images = [rng.integers(0, 256, (28, 28), dtype=np.uint8),
+              rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)]
+    path = routing_types_figure(images, maps, maps * 2, rng.random((2, 10)), ["a", "b"],
+                                tmp_path / "types.png", [False, True], symbol="C")
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.size[0] > image.size[1] > 0

@@ -12,17 +12,24 @@ from capsnet.cli.predict import STDIN, STDIN_NAME, expand_inputs, read_source
 from capsnet.config import class_names, label_of
 from capsnet.data.image_dataset import display_images
 from capsnet.preprocess import PreprocessError
-from capsnet.routing_trace import receptive_fields, routing_trace
+from capsnet.routing_trace import RoutingTrace, routing_trace
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "routing", help="picture of the routing: couplings and support per iteration",
-        description="For each image, a row of panels: the input; where the winning class "
-        "capsule's support comes from on the primary-capsule grid (|c u_hat| summed over "
+        description="For each image, a row of panels showing the routing into the class "
+        "capsules, whichever model and router: CapsNet's primary capsules -> DigitCaps "
+        "(dynamic, inverted-attention or self-attention routing), Efficient-CapsNet's "
+        "primary capsules -> class capsules (self-attention, one pass), the EM model's "
+        "ConvCaps2 -> class capsules (the assignments R of each EM iteration). Where the "
+        "children sit on a grid: the input; where the winning class capsule's support comes "
+        "from on that grid (coupling times vote length |c u_hat|, or R a for EM, summed over "
         "the capsule types, drawn over the input at the receptive-field centres); its "
-        "coupling coefficients after each routing iteration; and the runner-up's. Own images "
-        "are prepared for the model first, as by `capsnet predict`.")
+        "couplings after each routing iteration (mean over the types); and the runner-up's. "
+        "Where the grid is a single cell (Efficient-CapsNet at 28x28): the couplings per "
+        "capsule type, a classes x types matrix per iteration, and the support per type. "
+        "Own images are prepared for the model first, as by `capsnet predict`.")
     p.add_argument("images", nargs="*", metavar="IMAGE",
                    help="your own images (files, folders, or - for stdin)")
     p.add_argument("--index", type=int, nargs="+", default=None, metavar="N",
@@ -36,8 +43,6 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     if bool(args.images) == bool(args.index):
         raise ValueError("give either IMAGE files or --index N [N ...] (one of the two)")
-    from capsnet.figures import routing_figure
-
     model = load_cli_model(args)
     if args.index:
         images, titles, labels = test_images(args, model.config)
@@ -50,16 +55,35 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
               for k, (t, p) in enumerate(zip(titles, predicted, strict=True))]
     wrong = [label is not None and label != int(p)
              for label, p in zip(labels, predicted, strict=True)]
-    centres, field = receptive_fields(model.config)
-    path = routing_figure(display_images(images), trace.coupling_maps().cpu().numpy(),
-                          trace.support_maps().cpu().numpy(), lengths, titles, centres, field,
-                          args.out, wrong, class_names(model.config))
-    grid = trace.grid
+    path = draw(trace, display_images(images), lengths, titles, wrong,
+                class_names(model.config), args.out)
+    grid, children = trace.grid, trace.children
     count = f"{len(images)} image" + ("s" if len(images) != 1 else "")
-    print(f"wrote {path}: {count}, {trace.iterations} routing iterations, "
-          f"{trace.types} capsule types on a {grid}x{grid} primary grid"
+    iterations = f"{trace.iterations} routing iteration" + ("s" if trace.iterations != 1 else "")
+    print(f"wrote {path}: {count}, {iterations}, "
+          f"{trace.types} capsule types on a {grid}x{grid} {children.name} grid"
           + (f", {sum(wrong)} mis-classified" if args.index else ""))
+    per = "per capsule type, mean over positions" if grid == 1 else "mean over capsule types"
+    print(f"{trace.routing} routing from the {children.name} capsules to the class capsules; "
+          f"shown ({per}): {trace.coupling_meaning}")
     return 0
+
+
+def draw(trace: RoutingTrace, images: np.ndarray, lengths: np.ndarray, titles: list[str],
+         wrong: list[bool], names: list[str], out: str) -> Path:
+    """The trace's figure: maps on the children's grid, or per capsule type where that grid
+    is a single cell."""
+    from capsnet.figures import routing_figure, routing_types_figure
+
+    shared = dict(wrong=wrong, class_names=names, symbol=trace.coupling_symbol,
+                  support_label=trace.support_label, children=trace.children.name)
+    if trace.grid == 1:
+        return routing_types_figure(images, trace.type_maps().cpu().numpy(),
+                                    trace.type_support().cpu().numpy(), lengths, titles, out,
+                                    **shared)
+    return routing_figure(images, trace.coupling_maps().cpu().numpy(),
+                          trace.support_maps().cpu().numpy(), lengths, titles,
+                          trace.children.centres, trace.children.field, out, **shared)
 
 
 def test_images(args: argparse.Namespace, config) -> tuple[np.ndarray, list[str], list[int]]:

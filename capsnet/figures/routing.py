@@ -1,10 +1,13 @@
 """Routing by agreement as a picture: one row per image (matplotlib ``Figure``, no pyplot).
 
-Each row: the input; where the winning digit capsule's support comes from (|c u_hat|
-summed over the capsule types, drawn over the input at the primary grid's receptive-field
-centres); its couplings after each routing iteration (the first is uniform, 1/J); and the
-runner-up capsule's final couplings. Coupling maps use a diverging scale centred on 1/J,
-so red means "more than a uniform share" and blue "less".
+:func:`routing_figure`, for children on a spatial grid (CapsNet's primary capsules, the EM
+model's ConvCaps2): the input; where the winning class capsule's support comes from (|c
+u_hat| summed over the capsule types, R a for EM, drawn over the input at the grid's
+receptive-field centres); its couplings after each routing iteration (mean over the types);
+and the runner-up capsule's final couplings. :func:`routing_types_figure`, for children
+without one (Efficient-CapsNet's 1x1 grid at 28x28): the couplings per capsule type as
+(classes x types) matrices. Coupling maps use a diverging scale centred on 1/J, so red
+means "more than a uniform share" and blue "less".
 """
 from __future__ import annotations
 
@@ -91,12 +94,14 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
                    support_maps: np.ndarray, lengths: np.ndarray, titles: Sequence[str],
                    centres: Sequence[float], field: int, path: str | os.PathLike,
                    wrong: Sequence[bool] | None = None,
-                   class_names: Sequence[str] | None = None) -> Path:
+                   class_names: Sequence[str] | None = None, symbol: str = "c",
+                   support_label: str = "|c\u00b7\u00fb|", children: str = "primary") -> Path:
     """One row per image. images: N of (H, W) or (H, W, 3) uint8 (the display layout);
     coupling_maps and support_maps (N, R, J, G, G) (from
     :class:`capsnet.routing_trace.RoutingTrace`); lengths (N, J); titles: N strings (red
-    where ``wrong``); centres (G,) and field: the primary grid's receptive fields
-    (:func:`capsnet.routing_trace.receptive_fields`); class_names (J,) name the capsules."""
+    where ``wrong``); centres (G,) and field: the children's grid's receptive fields
+    (``RoutingTrace.children``); class_names (J,) name the capsules; ``symbol`` names the
+    couplings, ``support_label`` the support, ``children`` the layer of the grid."""
     N, R, J = coupling_maps.shape[:3]
     first = np.asarray(coupling_maps)[:, 0]  # (N, J, G, G) iteration 1's couplings
     first_uniform = bool(np.ptp(first) == 0)  # dynamic and inverted-attention routing: 1/J
@@ -118,7 +123,7 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
         support = support_maps[n, -1, winner]  # (G, G)
         support_norm = Normalize(0.0, max(float(support.max()), MIN_SPREAD))
         draw_support_overlay(row[1], images[n], support, centres, field, support_norm)
-        row[1].set_title(f"support for {_name(winner, class_names)}: |c\u00b7\u00fb| "
+        row[1].set_title(f"support for {_name(winner, class_names)}: {support_label} "
                          f"(iter. {R})", fontsize=8)
         bar = fig.colorbar(ScalarMappable(support_norm, SUPPORT_CMAP), ax=row[1],
                            fraction=0.05, pad=0.02)
@@ -131,21 +136,82 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
         for r, ax in enumerate(row[2:2 + R]):
             draw_coupling_map(ax, shown[r], grey, centres, norm)
             note = " (uniform)" if r == 0 and first_uniform else ""
-            ax.set_title(f"c to {_name(winner, class_names)}, iteration {r + 1}{note}",
+            ax.set_title(f"{symbol} to {_name(winner, class_names)}, iteration {r + 1}{note}",
                          fontsize=8)
             ax.set_xlabel(f"mean {shown[r].mean():.4f}", fontsize=7)
         draw_coupling_map(row[-1], shown[-1], grey, centres, norm)
-        row[-1].set_title(f"c to runner-up {_name(second, class_names)}, iter. {R}",
+        row[-1].set_title(f"{symbol} to runner-up {_name(second, class_names)}, iter. {R}",
                           fontsize=8)
         row[-1].set_xlabel(f"mean {shown[-1].mean():.4f}", fontsize=7)
         bar = fig.colorbar(ScalarMappable(norm, COUPLING_CMAP), ax=row[2:], fraction=0.02,
                            pad=0.01)
         bar.ax.tick_params(labelsize=6)
-        bar.set_label(f"coupling c, mean over types (1/{J} = uniform)", fontsize=6)
+        bar.set_label(f"coupling {symbol}, mean over types (1/{J} = uniform)", fontsize=6)
     fig.suptitle("Routing by agreement: where the winning class capsule's input comes from "
-                 "on the primary-capsule grid (cells at their receptive-field centres; "
+                 f"on the {children}-capsule grid (cells at their receptive-field centres; "
                  "dashed: the strongest cell's receptive field)", fontsize=9)
     return save_figure(fig, path)
+
+
+def routing_types_figure(images: Sequence[np.ndarray], type_maps: np.ndarray,
+                         type_support: np.ndarray, lengths: np.ndarray, titles: Sequence[str],
+                         path: str | os.PathLike, wrong: Sequence[bool] | None = None,
+                         class_names: Sequence[str] | None = None, symbol: str = "c",
+                         support_label: str = "|c\u00b7\u00fb|",
+                         children: str = "primary") -> Path:
+    """The routing per capsule type, for children without a spatial grid (Efficient-
+    CapsNet's primary capsules at 28x28 sit on one 1x1 cell). One row per image: the
+    input; the couplings of every iteration as a (J classes x T types) matrix on a diverging
+    scale around 1/J, the winner's row framed; the last iteration's support per type.
+    type_maps and type_support (N, R, J, T) (``RoutingTrace.type_maps()``,
+    ``type_support()``); the rest as :func:`routing_figure`."""
+    N, R, J, T = type_maps.shape
+    columns = 1 + R + 1  # input, R coupling matrices, support
+    matrix_inches = max(PANEL_INCHES, PANEL_INCHES * T / J)
+    fig = Figure(figsize=(PANEL_INCHES + (R + 1) * matrix_inches + 1.5,
+                          N * PANEL_INCHES + 0.6), layout="constrained")
+    axes = fig.subplots(N, columns, squeeze=False,
+                        width_ratios=[PANEL_INCHES] + [matrix_inches] * (R + 1))
+    names = [_name(j, class_names) for j in range(J)]
+    for n in range(N):
+        winner = int(np.argmax(lengths[n]))
+        row = axes[n]
+        show_input(row[0], images[n])
+        _frame(row[0], grey_of(images[n]).shape)
+        color = WRONG_COLOR if wrong is not None and wrong[n] else RIGHT_COLOR
+        row[0].set_title(titles[n], fontsize=8, color=color)
+        spread = max(float(np.abs(type_maps[n] - 1.0 / J).max()), MIN_SPREAD)
+        norm = Normalize(1.0 / J - spread, 1.0 / J + spread)
+        for r, ax in enumerate(row[1:1 + R]):
+            _draw_matrix(ax, type_maps[n, r], COUPLING_CMAP, norm, winner, names)
+            ax.set_title(f"{symbol} per type, iteration {r + 1}", fontsize=8)
+        bar = fig.colorbar(ScalarMappable(norm, COUPLING_CMAP), ax=row[1:1 + R],
+                           fraction=0.03, pad=0.01)
+        bar.ax.tick_params(labelsize=6)
+        bar.set_label(f"{symbol} (1/{J} = uniform)", fontsize=6)
+        support = type_support[n, -1]  # (J, T)
+        support_norm = Normalize(0.0, max(float(support.max()), MIN_SPREAD))
+        _draw_matrix(row[-1], support, SUPPORT_CMAP, support_norm, winner, names)
+        row[-1].set_title(f"support {support_label} (iter. {R})", fontsize=8)
+        bar = fig.colorbar(ScalarMappable(support_norm, SUPPORT_CMAP), ax=row[-1],
+                           fraction=0.05, pad=0.02)
+        bar.ax.tick_params(labelsize=6)
+        bar.set_label("sum over positions", fontsize=6)
+    fig.suptitle(f"Routing from the {children} capsules (columns: capsule types) to the class "
+                 "capsules (rows; framed: the prediction)", fontsize=9)
+    return save_figure(fig, path)
+
+
+def _draw_matrix(ax, values: np.ndarray, cmap: str, norm: Normalize, winner: int,
+                 names: Sequence[str]) -> None:
+    """A (J, T) matrix, classes as rows, types as columns, the winner's row framed."""
+    J, T = values.shape
+    ax.imshow(values, cmap=cmap, norm=norm, interpolation="nearest", aspect="auto")
+    ax.add_patch(Rectangle((-0.5, winner - 0.5), T, 1, fill=False, linewidth=1.2,
+                           edgecolor=FIELD_COLOR))
+    ax.set_yticks(range(J), names, fontsize=6)
+    ax.set_xticks(range(T), [str(t) for t in range(T)], fontsize=6)
+    ax.set_xlabel("capsule type", fontsize=7)
 
 
 def _name(index: int, class_names: Sequence[str] | None) -> str:

@@ -62,6 +62,9 @@ class InvertedAttentionRouter(Router):
     float32 under autocast; its parameters are the LayerNorm's gain and bias."""
 
     name = "inverted-attention"
+    coupling_symbol = "r"
+    coupling_meaning = ("r_ij, the routing coefficients: a softmax over the classes of the "
+                        "agreements with the previous iteration's poses (iteration 1: uniform)")
 
     def __init__(self, pose_dim: int, iterations: int):
         super().__init__()

@@ -174,6 +174,10 @@ class EMRouter(Router):
     float64 for float64 votes) even under autocast."""
 
     name = "em"
+    coupling_symbol = "R"
+    coupling_meaning = ("R_ij, the assignments each M-step weighs the votes by (times the "
+                        "child's activation a_i): normalised over the classes (iteration 1: "
+                        "uniform)")
 
     def __init__(self, parent_types: int, iterations: int = 3, final_lambda: float = FINAL_LAMBDA,
                  variance_eps: float = VARIANCE_EPS):

@@ -48,6 +48,10 @@ class Router(nn.Module):
     :meth:`agreements` is optional (for traces and figures only)."""
 
     name: ClassVar[str] = ""
+    # How traces and figures name the couplings (Routed.couplings): a symbol and a line on
+    # what they are for this algorithm.
+    coupling_symbol: ClassVar[str] = "c"
+    coupling_meaning: ClassVar[str] = "the share of each child's vote that each parent received"
 
     @classmethod
     def from_config(cls, config, *, children: int, parents: int,

@@ -99,6 +99,9 @@ class DynamicRouter(Router):
     child's length is inside its vote. No parameters: a model's state_dict is unchanged."""
 
     name = "dynamic"
+    coupling_symbol = "c"
+    coupling_meaning = ("c_ij, the coupling coefficients: a softmax over the classes of the "
+                        "logits b_ij (iteration 1: uniform)")
 
     def __init__(self, iterations: int, full_graph: bool = False,
                  none_of_the_above: bool = False):

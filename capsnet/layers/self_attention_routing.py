@@ -53,6 +53,9 @@ class SelfAttentionRouter(Router):
     """
 
     name = "self-attention"
+    coupling_symbol = "C"
+    coupling_meaning = ("C_ij, the self-attention couplings of the one pass: a softmax over the "
+                        "classes, before the learned log priors B are added")
 
     def __init__(self, num_parents: int, num_children: int):
         super().__init__()
