@@ -242,6 +242,12 @@ def _em(model: EMCapsNet, x: torch.Tensor) -> ClassLayer:
     return ClassLayer(votes, a, a, model.class_caps.router, children)
 
 
+def has_routing(model: nn.Module) -> bool:
+    """Whether :func:`routing_trace` can follow ``model``'s routing (a :func:`class_layer`
+    is registered for its class)."""
+    return class_layer.dispatch(type(unwrap(model))) is not class_layer.dispatch(object)
+
+
 @torch.no_grad()
 def routing_trace(model: nn.Module, images: torch.Tensor) -> RoutingTrace:
     """Trace the routing into the class capsules of ``model`` (CapsNet with any router,

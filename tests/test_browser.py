@@ -190,3 +190,37 @@ def test_colour_model_upload_shows_class_names(colour_page):
     expect(colour_page.locator("#routing-support")).to_have_attribute("data-input", "drawn")
     assert colour_page.locator("#seen").get_attribute("src").startswith("data:image/png;base64,")
     expect(colour_page.locator("#sliders input.slider")).to_have_count(16)
+
+
+@pytest.fixture(scope="module")
+def efficient_url():
+    from capsnet.config import make_config
+    from capsnet.models import build_model
+
+    torch.manual_seed(0)
+    yield from serve(build_model(make_config("efficient", "small")).eval())
+
+
+@pytest.fixture()
+def efficient_page(browser, efficient_url):
+    yield from open_page(browser, efficient_url)
+
+
+def test_efficient_capsnet_routing_is_shown_per_capsule_type(efficient_page):
+    """Its primary capsules sit on one 1x1 cell: the grid maps are hidden, the strip of
+    capsule types shows the self-attention couplings C of the one pass."""
+    page, expect = efficient_page, sync_api.expect
+    draw_seven(page)
+    expect(page.locator("#status")).to_contain_text("Predicted")
+    expect(page.locator("#routing-panel")).to_be_visible()
+    expect(page.locator("#support-figure")).to_be_hidden()
+    expect(page.locator("#types-figure")).to_be_visible()
+    expect(page.locator("#routing-iterations button")).to_have_count(1)
+    expect(page.locator("#routing-hint")).to_contain_text("self-attention")
+    expect(page.locator("#types-caption")).to_contain_text("coupling C per capsule type (0\u20137)")
+    expect(page.locator("#routing-caption")).to_contain_text("of the primary capsules' output")
+    digit = int(page.locator("#digit").inner_text())
+    strip = page.evaluate(CANVAS_PIXELS, "routing-types")
+    page.locator(f"#caps-{(digit + 1) % 10}").click()
+    expect(page.locator("#routing-caption")).to_contain_text(f"Capsule {(digit + 1) % 10},")
+    assert page.evaluate(CANVAS_PIXELS, "routing-types") != strip

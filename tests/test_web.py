@@ -12,8 +12,10 @@ from image_files import COLOUR_CLASSES, colour_bar_png, png_header, train_colour
 from PIL import Image, ImageDraw
 
 from capsnet.cli.main import main
+from capsnet.config import make_config
 from capsnet.inference import predict
 from capsnet.loading import load_model
+from capsnet.models import build_model
 from capsnet.preprocess import MAX_PIXELS, prepare_image
 from capsnet.routing_trace import routing_trace
 from capsnet.web import create_app
@@ -121,6 +123,39 @@ def test_predict_returns_the_routing_maps(client, model):
     assert maps["support_max"] == pytest.approx(support.max(), abs=1e-5)
     assert maps["coupling_spread"] == pytest.approx(np.abs(couplings - 1.0 / J).max(), abs=1e-5)
     assert int(trace.lengths[0].argmax()) == reply["digit"]
+
+
+@pytest.mark.parametrize("name, routing, children, symbol, iterations, grid", [
+    ("efficient", "self-attention", "primary", "C", 1, 1),
+    ("em", "em", "ConvCaps2", "R", 3, 3),
+])
+def test_predict_returns_the_routing_of_other_capsule_models(name, routing, children, symbol,
+                                                             iterations, grid):
+    torch.manual_seed(0)
+    model = build_model(make_config(name, "small")).eval()
+    png = drawing_png()
+    reply = upload(create_app(model).test_client(), png).get_json()
+    maps = reply["routing"]
+    J = model.config.num_classes
+    assert (maps["routing"], maps["children"], maps["symbol"]) == (routing, children, symbol)
+    assert (maps["iterations"], maps["grid"], maps["capsules"]) == (iterations, grid, J)
+    assert maps["meaning"].startswith(f"{symbol}_ij")
+    trace = routing_trace(model, torch.from_numpy(prepare_image(png))[None])
+    types = np.array(maps["type_couplings"])
+    assert types.shape == (iterations, J, maps["types"])
+    np.testing.assert_allclose(types, trace.type_maps()[0].numpy(), atol=1e-5)
+    np.testing.assert_allclose(np.array(maps["couplings"]), trace.coupling_maps()[0].numpy(),
+                               atol=1e-5)
+    np.testing.assert_allclose(np.array(maps["shares"]).sum(axis=1), 1.0, atol=1e-4)
+    assert maps["type_spread"] == pytest.approx(np.abs(types - 1.0 / J).max(), abs=1e-5)
+    assert maps["first_uniform"] == (name == "em")
+    assert int(trace.lengths[0].argmax()) == reply["index"]
+
+
+def test_a_cnn_has_no_routing_maps():
+    model = build_model(make_config("cnn", "small")).eval()
+    reply = upload(create_app(model).test_client(), drawing_png()).get_json()
+    assert reply["routing"] is None and reply["reconstruction"] is None
 
 
 def test_decoding_the_unchanged_pose_gives_the_reconstruction(client):

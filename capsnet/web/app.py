@@ -10,18 +10,26 @@ Routes:
                        predict` does -> "class" (the name), "index" and "digit" (both the
                        index), "classes", capsule lengths, winning pose, input and
                        reconstruction (PNG data URLs, grey or RGB as the model sees them)
-                       and (for a CapsNet) the routing maps:
+                       and (for a capsule model: CapsNet with any router, Efficient-CapsNet,
+                       the EM model) the routing into its class capsules
+                       (capsnet.routing_trace), null for a CNN:
                        "routing": {"iterations": R, "capsules": J, "grid": G, "types": T,
                        "size": the input's side in pixels,
                        "centres": [G receptive-field centres in input pixels], "field": side,
-                       "routing": the router's name ("dynamic", "inverted-attention"),
+                       "children": the children's layer ("primary", "ConvCaps2"),
+                       "routing": the router's name ("dynamic", "inverted-attention",
+                       "self-attention", "em"), "symbol": its couplings' symbol ("c", "r",
+                       "C", "R"), "meaning": what they are, "support_label": "|c·û|" or
+                       "R·a",
                        "uniform": the first iteration's coupling where it is the same for
-                       every pair (1/J for dynamic and inverted-attention routing), else 1/J,
-                       "first_uniform": whether it is,
+                       every pair (1/J for dynamic, inverted-attention and EM routing), else
+                       1/J, "first_uniform": whether it is,
                        "couplings": (R, J, G, G) mean coupling over types,
-                       "support": (R, J, G, G) |c u_hat| summed over types, "shares": (R, J)
-                       share of the primary output routed to each capsule,
-                       "coupling_spread": max |c - 1/J| of the maps, "support_max": max}
+                       "support": (R, J, G, G) coupling x vote weight summed over types,
+                       "shares": (R, J) share of the children's output routed to each
+                       capsule, "type_couplings": (R, J, T) mean coupling over positions,
+                       "coupling_spread": max |c - 1/J| of the maps, "type_spread": of the
+                       per-type couplings, "support_max": max}
     POST /api/decode   JSON {"index": k, "pose": [D floats]} ("digit" is taken for "index")
                        -> the decoded reconstruction
 
@@ -49,7 +57,7 @@ from werkzeug.serving import make_server as werkzeug_make_server
 from capsnet.config import class_names, is_digit_model
 from capsnet.inference import decode_pose, model_device, predict_prepared, to_uint8
 from capsnet.preprocess import ImageTooLargeError, PreprocessError, prepare_for_model
-from capsnet.routing_trace import receptive_fields, routing_trace
+from capsnet.routing_trace import has_routing, routing_trace
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024  # larger request bodies get 413 before they are read
@@ -79,7 +87,7 @@ def create_app(model: nn.Module) -> Flask:
     model.eval()
     lock = threading.Lock()  # one model call at a time across the server's threads
     has_decoder = getattr(model, "decoder", None) is not None
-    has_routing = hasattr(model, "digit_caps")
+    routes = has_routing(model)
     num_classes = model.config.num_classes
 
     @app.get("/")
@@ -92,7 +100,7 @@ def create_app(model: nn.Module) -> Flask:
 
     @app.post("/api/predict")
     def api_predict():
-        return _predict_response(model, lock, has_routing)
+        return _predict_response(model, lock, routes)
 
     @app.post("/api/decode")
     def api_decode():
@@ -110,7 +118,7 @@ def model_info(config, has_decoder: bool) -> dict:
             "digits": is_digit_model(config), "has_decoder": has_decoder}
 
 
-def _predict_response(model: nn.Module, lock: threading.Lock, has_routing: bool):
+def _predict_response(model: nn.Module, lock: threading.Lock, routes: bool):
     """POST /api/predict: the uploaded image -> prediction, reconstruction and routing."""
     if request.mimetype == MULTIPART and not request.files:
         return error(f"empty upload: a {MULTIPART} request with no file (send the image "
@@ -126,7 +134,7 @@ def _predict_response(model: nn.Module, lock: threading.Lock, has_routing: bool)
         return error(str(exc))
     with lock:
         [p] = predict_prepared(model, image[None], ["upload"], TOP_K)
-        routing = routing_maps(model, image) if has_routing else None
+        routing = routing_maps(model, image) if routes else None
     return jsonify(digit=p.digit, index=p.index, length=p.length, lengths=p.lengths, top=p.top,
                    pose=p.pose, input=png_data_url(p.image), classes=p.class_names,
                    reconstruction=(png_data_url(p.reconstruction)
@@ -178,18 +186,23 @@ def routing_maps(model: nn.Module, image: np.ndarray) -> dict:
     trace = routing_trace(model, torch.from_numpy(image)[None])
     couplings = trace.coupling_maps()[0].cpu()  # (R, J, G, G)
     support = trace.support_maps()[0].cpu()  # (R, J, G, G)
+    types = trace.type_maps()[0].cpu()  # (R, J, T)
     J = couplings.shape[1]
-    centres, field = receptive_fields(model.config)
+    children = trace.children
     first = trace.couplings[0, 0]  # (J, I) the first iteration's couplings
     first_uniform = bool((first == first[0, 0]).all())
     return {"iterations": trace.iterations, "capsules": J, "grid": trace.grid,
             "size": int(image.shape[-1]),
-            "types": trace.types, "centres": centres, "field": field,
-            "routing": trace.routing, "first_uniform": first_uniform,
+            "types": trace.types, "centres": children.centres, "field": children.field,
+            "children": children.name, "routing": trace.routing,
+            "symbol": trace.coupling_symbol, "meaning": trace.coupling_meaning,
+            "support_label": trace.support_label, "first_uniform": first_uniform,
             "uniform": float(first[0, 0]) if first_uniform else 1.0 / J,
             "couplings": _rounded(couplings), "support": _rounded(support),
             "shares": _rounded(trace.routed_shares()[0].cpu()),  # (R, J)
+            "type_couplings": _rounded(types),
             "coupling_spread": float((couplings - 1.0 / J).abs().max()),
+            "type_spread": float((types - 1.0 / J).abs().max()),
             "support_max": float(support.max())}
 
 

@@ -37,6 +37,7 @@ const routingPanel = document.getElementById("routing-panel");
 const routingHint = document.getElementById("routing-hint");
 const supportCanvas = document.getElementById("routing-support");
 const couplingCanvas = document.getElementById("routing-couplings");
+const typesCanvas = document.getElementById("routing-types");
 const capsulesEl = document.getElementById("routing-capsules");
 const iterationsEl = document.getElementById("routing-iterations");
 const stepBtn = document.getElementById("routing-step");
@@ -236,10 +237,24 @@ function showRouting(reply) {
                   iteration: maps.iterations - 1, ink: null };
   routing = state;
   delete supportCanvas.dataset.input;  // set to "drawn" once the input is under the maps
-  routingHint.textContent = `Where a class capsule's input comes from: each cell is one ` +
-    `position of the ${maps.grid}\u00d7${maps.grid} primary-capsule grid (${maps.types} ` +
-    `capsule types each), drawn at the centre of its ${maps.field}-pixel receptive field. ` +
-    `Routing algorithm: ${maps.routing}.`;
+  const spatial = maps.grid > 1;  // a 1x1 grid (Efficient-CapsNet at 28x28): per type only
+  routingHint.textContent = (spatial
+    ? `Where a class capsule's input comes from: each cell is one position of the ` +
+      `${maps.grid}\u00d7${maps.grid} ${maps.children}-capsule grid (${maps.types} capsule ` +
+      `types each), drawn at the centre of its ${maps.field}-pixel receptive field; the strip ` +
+      `below shows each capsule type.`
+    : `The ${maps.types} ${maps.children} capsule types sit on one cell that sees the whole ` +
+      `input: the strip shows how each type is coupled to a class capsule.`) +
+    ` Routing algorithm: ${maps.routing}; shown: ${maps.meaning}.`;
+  document.getElementById("support-figure").hidden = !spatial;
+  document.getElementById("coupling-figure").hidden = !spatial;
+  document.getElementById("support-caption").textContent =
+    `support ${maps.support_label}, summed over capsule types`;
+  document.getElementById("coupling-caption").textContent =
+    `coupling ${maps.symbol}, mean over types (white: uniform)`;
+  document.getElementById("types-caption").textContent =
+    `coupling ${maps.symbol} per capsule type (0\u2013${maps.types - 1}), mean over ` +
+    `positions (white: uniform)`;
   buildChoices(capsulesEl, maps.capsules, "caps", (j) => shortName(state.names[j]),
                (j) => { state.capsule = j; drawRouting(); }, (j) => String(j));
   capsulesEl.children[state.winner].classList.add("winner");
@@ -247,11 +262,13 @@ function showRouting(reply) {
                (r) => { state.iteration = r; drawRouting(); });
   drawColorbar("support-bar", SUPPORT_RAMP);
   drawColorbar("coupling-bar", COUPLING_RAMP);
-  const spread = maps.coupling_spread;
+  drawColorbar("types-bar", COUPLING_RAMP);
   document.getElementById("support-max").textContent = maps.support_max.toFixed(2);
-  document.getElementById("coupling-min").textContent = (maps.uniform - spread).toFixed(4);
-  document.getElementById("coupling-mid").textContent = maps.uniform.toFixed(4);
-  document.getElementById("coupling-max").textContent = (maps.uniform + spread).toFixed(4);
+  for (const [prefix, spread] of [["coupling", maps.coupling_spread], ["types", maps.type_spread]]) {
+    document.getElementById(`${prefix}-min`).textContent = (maps.uniform - spread).toFixed(4);
+    document.getElementById(`${prefix}-mid`).textContent = maps.uniform.toFixed(4);
+    document.getElementById(`${prefix}-max`).textContent = (maps.uniform + spread).toFixed(4);
+  }
   drawRouting();
   const image = new Image();
   image.onload = () => {
@@ -347,14 +364,28 @@ function drawRouting() {
   cctx.strokeStyle = GRID_EDGE_COLOR;
   cctx.strokeRect(gx, gy, gx1 + gw - gx, gy1 + gw - gy);
   if (ink) cctx.drawImage(inkLayer(routing), 0, 0, couplingCanvas.width, couplingCanvas.height);
+  drawTypes(maps, maps.type_couplings[iteration][capsule]);
 
   const share = 100 * maps.shares[iteration][capsule];
   const mean = sum / (maps.grid * maps.grid);
   routingCaption.textContent = `Capsule ${names[capsule]}` + (capsule === winner ? " (the prediction)" : "") +
     `, iteration ${iteration + 1} of ${maps.iterations}` +
     (iteration === 0 && maps.first_uniform ? " (uniform)" : "") +
-    `: ${share.toFixed(1)}% of the primary capsules' output is routed here ` +
+    `: ${share.toFixed(1)}% of the ${maps.children} capsules' output is routed here ` +
     `(uniform: ${(100 * maps.uniform).toFixed(1)}%); mean coupling ${mean.toFixed(4)}.`;
+}
+
+// One cell per capsule type, coloured by its mean coupling (T,) to the chosen capsule.
+function drawTypes(maps, couplings) {
+  const tctx = typesCanvas.getContext("2d");
+  tctx.fillStyle = MAP_BACKGROUND;
+  tctx.fillRect(0, 0, typesCanvas.width, typesCanvas.height);
+  const width = typesCanvas.width / couplings.length;
+  const spread = maps.type_spread || 1;
+  couplings.forEach((value, t) => {
+    tctx.fillStyle = rgba(rampColor(COUPLING_RAMP, 0.5 + (value - maps.uniform) / (2 * spread)));
+    tctx.fillRect(t * width, 0, Math.ceil(width), typesCanvas.height);
+  });
 }
 
 // The input as dark, semi-transparent ink over the coupling map (its brightness, the mean of
