@@ -392,14 +392,17 @@ def test_evaluate_predict_and_export(full_run, tiny_mnist_dir, tmp_path, capsys)
     np.testing.assert_allclose(reconstructions, out.reconstructions.numpy(), atol=1e-5, rtol=0)
 
 
-def test_routing_figures_are_refused_in_one_line(full_run, tiny_mnist_dir, tmp_path, capsys):
-    """`capsnet routing` draws dynamic routing's iterations on CapsNet's primary grid."""
+def test_routing_figure_draws_the_self_attention_couplings(full_run, tiny_mnist_dir, tmp_path,
+                                                           capsys):
+    """`capsnet routing` on a trained Efficient-CapsNet: its one pass of self-attention
+    couplings C per primary capsule type (tests/test_routing_trace.py checks the trace)."""
     capsys.readouterr()
+    out = tmp_path / "r.png"
     assert main(["routing", "--index", "0", "--checkpoint", str(full_run / "best.pt"),
-                 "--no-download", "--data-dir", str(tiny_mnist_dir),
-                 "--out", str(tmp_path / "r.png")]) == 1
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("capsnet: error: ") and "EfficientCapsNet" in err
+                 "--no-download", "--data-dir", str(tiny_mnist_dir), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "1 routing iteration, " in text and "self-attention routing" in text
+    assert out.is_file()
 
 
 def test_conv_output_size_agrees_with_the_primary_grid():
