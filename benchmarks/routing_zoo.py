@@ -212,7 +212,8 @@ def train_and_measure(args: argparse.Namespace, argv: list[str], device: torch.d
 
 
 def zoo_row(args: argparse.Namespace, dataset: str, key: str) -> dict:
-    """One model's line of a dataset's table, from its run directory (None: not there)."""
+    """One model's line of a dataset's table, read from its run directory (what is not
+    there yet stays None: a dash in the table)."""
     out = run_dir(args, dataset, key)
     target = args.targets[dataset]
     row = run_row(key, out, (target,))
@@ -243,18 +244,18 @@ def format_table(rows: list[dict], dataset: str) -> str:
     head += ["affine set"] if affine else []
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in rows:
-        measured = row["eval"] or {}
+        evaluated = row["eval"] or {}
         hit = row["to_target"]
         cells = [row["model"] + ("" if row["complete"] else " *"), row["routing"],
                  _percent(None if row["test_error"] is None else 1 - row["test_error"]),
-                 f"{measured['parameters']:,}" if measured else "-",
+                 f"{evaluated['parameters']:,}" if evaluated else "-",
                  "-" if row["train_images_per_second"] is None
                  else f"{row['train_images_per_second']:,.0f}",
-                 f"{measured['inference']['images_per_second']:,.0f}" if measured else "-",
+                 f"{evaluated['inference']['images_per_second']:,.0f}" if evaluated else "-",
                  f"{row['epochs']} ({row['minutes']:.1f})" if row["epochs"] else "-",
                  "-" if hit is None else f"ep {hit['epoch']}, {hit['minutes']:.1f} min"]
         if affine:
-            cells.append(_percent((measured.get("affine") or {}).get("accuracy")))
+            cells.append(_percent((evaluated.get("affine") or {}).get("accuracy")))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -325,6 +326,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.targets = parse_targets(args.target, args.datasets)
     except ValueError:
         p.error(f"--target {args.target!r}: a number or NAME=NUMBER,...")
+    if not all(0 < t <= 1 for t in args.targets.values()):
+        p.error(f"--target {args.target!r}: accuracies are fractions in (0, 1], e.g. 0.99")
     if args.epochs is None:
         args.epochs = TINY_EPOCHS if args.tiny else EPOCHS
     return args

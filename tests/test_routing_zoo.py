@@ -102,6 +102,7 @@ def test_every_row_follows_one_protocol(tmp_path):
     (["--models", "capsnet,capsule-forest"], "capsule-forest"),
     (["--datasets", "fashion-colour"], "--study-dir"),
     (["--datasets", "mnist", "--target", "high"], "--target 'high'"),
+    (["--datasets", "mnist", "--target", "99"], "fractions in (0, 1]"),
 ])
 def test_bad_arguments_are_refused(argv, words, capsys):
     with pytest.raises(SystemExit):
