@@ -74,9 +74,12 @@ class ZooModel:
     model: str
     routing: str  # as the table names it (the router the model holds)
     preset: str = "paper"
+    # torch.compile the training step: EM routing's many passes over the votes fuse, which
+    # doubled the small EM model's training speed (docs/models-em.md, "Speed and memory")
+    compile: bool = False
 
     def settings(self) -> dict:
-        values = {"model": self.model, "preset": self.preset}
+        values = {"model": self.model, "preset": self.preset, "compile": self.compile}
         return values | ({"routing": self.routing} if self.model == "capsnet" else {})
 
 
@@ -85,7 +88,7 @@ ZOO = {
     "capsnet-inverted-attention": ZooModel("capsnet", "inverted-attention"),
     "capsnet-self-attention": ZooModel("capsnet", "self-attention"),
     "efficient": ZooModel("efficient", "self-attention"),
-    "em": ZooModel("em", "em", preset="small"),
+    "em": ZooModel("em", "em", preset="small", compile=True),
     "cnn": ZooModel("cnn", "-"),
     "cnn-tiny": ZooModel("cnn", "-", preset="tiny"),
 }
@@ -100,7 +103,7 @@ EPOCHS = 10
 TARGETS = {"mnist": 0.99, "fashion-mnist": 0.90}
 FOLDER_TARGET = 0.80
 TINY = {"preset": "small", "subset": 300, "val_size": 100, "precision": "fp32",
-        "conv_impl": "gemm"}
+        "conv_impl": "gemm", "compile": False}  # a compile takes a minute
 TINY_EPOCHS = 1
 INFER_BATCH = 256  # images per timed forward pass
 INFER_BATCHES = 5  # timed passes (after one warm-up); their median counts

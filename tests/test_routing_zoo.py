@@ -89,13 +89,16 @@ def test_every_row_follows_one_protocol(tmp_path):
     assert [runs[k].routing for k in ("capsnet", "capsnet-inverted-attention",
                                       "capsnet-self-attention")] == [
         "dynamic", "inverted-attention", "self-attention"]
-    assert (runs["em"].model, runs["em"].preset) == ("em", "small")
+    assert (runs["em"].model, runs["em"].preset, runs["em"].compile) == ("em", "small", True)
+    assert not any(s.compile for key, s in runs.items() if key != "em")
     assert runs["efficient"].augment == "efficient"  # its own recipe otherwise
     fashion = zoo.run_settings(args, "fashion-mnist", "cnn")
     assert (fashion.dataset, fashion.data_dir, fashion.target_accuracy) == ("fashion-mnist",
                                                                              None, 0.85)
     tiny = zoo.run_settings(zoo.parse_args(["--tiny", "--datasets", "mnist"]), "mnist", "capsnet")
     assert (tiny.preset, tiny.epochs, tiny.subset, tiny.precision) == ("small", 1, 300, "fp32")
+    tiny_em = zoo.run_settings(zoo.parse_args(["--tiny", "--datasets", "mnist"]), "mnist", "em")
+    assert not tiny_em.compile  # a smoke test does not wait a minute for a compile
 
 
 @pytest.mark.parametrize("argv, words", [
