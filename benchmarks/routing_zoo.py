@@ -14,8 +14,9 @@ own recipe otherwise (batch size, learning rate, schedule, augmentation: Efficie
 its authors' recipe, the EM model spread loss and Adam at 3e-3, the CNN Adam at 1e-4).
 Rows (--models): capsnet (dynamic routing), capsnet-inverted-attention,
 capsnet-self-attention (the paper's CapsNet with another router), efficient
-(Efficient-CapsNet), em (matrix capsules with EM routing, small preset), cnn (the paper's
-baseline CNN); cnn-tiny (the plain small CNN of benchmarks/own_data_study.py) on request.
+(Efficient-CapsNet), em (matrix capsules with EM routing, small preset, 2 iterations), cnn
+(the paper's baseline CNN); em-3 (the same with the paper's 3 iterations) and cnn-tiny (the
+plain small CNN of benchmarks/own_data_study.py) on request.
 Datasets (--datasets): mnist (--data-dir), fashion-mnist (--fashion-dir, default: the usual
 lookup, Debian's /usr/share/datasets/fashion-mnist included) and the colour folder sets of
 benchmarks/make_study_sets.py (fashion-colour, mixed-20, large-48, textured; --study-dir).
@@ -77,9 +78,12 @@ class ZooModel:
     # torch.compile the training step: EM routing's many passes over the votes fuse, which
     # doubled the small EM model's training speed (docs/models-em.md, "Speed and memory")
     compile: bool = False
+    routing_iterations: int | None = None  # None: the model's default
 
     def settings(self) -> dict:
         values = {"model": self.model, "preset": self.preset, "compile": self.compile}
+        if self.routing_iterations is not None:
+            values["routing_iterations"] = self.routing_iterations
         return values | ({"routing": self.routing} if self.model == "capsnet" else {})
 
 
@@ -88,7 +92,12 @@ ZOO = {
     "capsnet-inverted-attention": ZooModel("capsnet", "inverted-attention"),
     "capsnet-self-attention": ZooModel("capsnet", "self-attention"),
     "efficient": ZooModel("efficient", "self-attention"),
-    "em": ZooModel("em", "em", preset="small", compile=True),
+    # two EM iterations: with the paper's three the model learns several times more slowly
+    # on MNIST (docs/models-em.md, "Two iterations or three"); em-3 is the paper's count
+    "em": ZooModel("em", "em, 2 iterations", preset="small", compile=True,
+                   routing_iterations=2),
+    "em-3": ZooModel("em", "em, 3 iterations", preset="small", compile=True,
+                     routing_iterations=3),
     "cnn": ZooModel("cnn", "-"),
     "cnn-tiny": ZooModel("cnn", "-", preset="tiny"),
 }

@@ -32,8 +32,11 @@ from capsnet.models import (
     count_parameters,
     model_name_of,
 )
+from capsnet.models.em_capsnet import PRIMARY_POSE_RMS
 from capsnet.training import loop
 from capsnet.training.checkpoint import save_checkpoint
+from capsnet.training.fit import ClassifyTask
+from capsnet.training.optimisation import build_training, initialise_from_data
 from capsnet.training.settings import EM_LR, TrainSettings
 from capsnet.tuning import choose_plan
 from capsnet.tuning.memory import estimate_training_memory
@@ -328,10 +331,12 @@ def digit_png(path: Path) -> Path:
 def test_cli_train_resume_evaluate_predict_export(tiny_mnist_dir, tmp_path, capsys):
     run = tmp_path / "em-run"
     assert main(train_command(tiny_mnist_dir, run, "--epochs", "1")) == 0
+    assert "initialised from data: primary pose units scaled" in capsys.readouterr().out
     config = json.loads((run / "config.json").read_text())
     assert config["settings"]["model"] == "em" and config["settings"]["lr"] == EM_LR
     assert config["model_config"]["caps1_types"] == 16
     assert main(train_command(tiny_mnist_dir, run, "--epochs", "2", "--resume", str(run))) == 0
+    assert "initialised from data" not in capsys.readouterr().out  # the checkpoint's weights
     results = json.loads((run / "results.json").read_text())
     assert results["complete"] and results["epochs"] == 2
     rows = (run / "metrics.csv").read_text().strip().splitlines()
@@ -354,3 +359,44 @@ def test_cli_train_resume_evaluate_predict_export(tiny_mnist_dir, tmp_path, caps
     assert main(["export", str(run / "last.pt"), "--format", "torchscript", "-o",
                  str(exported)]) == 0
     assert exported.is_file()
+
+
+def primary_poses(model: EMCapsNet, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        return model.primary_caps(torch.relu(model.conv1(model.input_norm(images))))
+
+
+def test_initialise_from_data_gives_unit_scale_poses_and_keeps_activations():
+    torch.manual_seed(0)
+    model = build_model(make_config("em", "small"))
+    images = torch.rand(16, 1, 28, 28)
+    poses_before, activations_before = primary_poses(model, images)
+    described = model.initialise_from_data(images)
+    poses, activations = primary_poses(model, images)
+    rms_before = poses_before.pow(2).mean().sqrt().item()
+    assert poses.pow(2).mean().sqrt().item() == pytest.approx(PRIMARY_POSE_RMS, rel=1e-5)
+    # a pure rescaling of the pose units: same directions, activations untouched
+    torch.testing.assert_close(poses, poses_before * (PRIMARY_POSE_RMS / rms_before))
+    torch.testing.assert_close(activations, activations_before)
+    assert f"{PRIMARY_POSE_RMS / rms_before:.3g}" in described
+
+
+def test_a_fresh_run_initialises_from_its_training_images_and_the_ema_follows(tiny_mnist_dir):
+    settings = TrainSettings(model="em", preset="small", data_dir=str(tiny_mnist_dir),
+                             download=False, device="cpu", epochs=1, ema_decay=0.9,
+                             progress=False, precision="fp32", conv_impl="gemm")
+    task = ClassifyTask(settings)
+    task.prepare(torch.device("cpu"))
+    training = build_training(settings, task.model_overrides(), torch.device("cpu"))
+    images = task.initialisation_images()
+    assert images.shape[1:] == (1, 28, 28) and 0.0 <= images.min() <= images.max() <= 1.0
+    assert "scaled by" in initialise_from_data(training, images)
+    poses, _ = primary_poses(training.model, images)
+    assert poses.pow(2).mean().sqrt().item() == pytest.approx(PRIMARY_POSE_RMS, rel=1e-5)
+    for name, tensor in training.model.state_dict().items():  # the average starts from it
+        torch.testing.assert_close(training.ema.module.state_dict()[name], tensor)
+    # models without a data-dependent step are left alone
+    settings_cnn = TrainSettings(model="cnn", preset="tiny", data_dir=str(tiny_mnist_dir),
+                                 download=False, device="cpu", progress=False)
+    cnn = build_training(settings_cnn, task.model_overrides(), torch.device("cpu"))
+    assert initialise_from_data(cnn, images) is None

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from capsnet.data.augment import to_model_input
 from capsnet.data.splits import epoch_order
 from capsnet.data.transforms import AffineRanges, affine_set, canvas_offsets, place_at
 from capsnet.experiments import SEED_STRIDE, TEST_SEED
@@ -21,7 +22,7 @@ from capsnet.experiments.robustness import NamedModel
 from capsnet.models import count_parameters
 from capsnet.training import distributed
 from capsnet.training.distributed import World
-from capsnet.training.fit import data_overrides, prepare_data
+from capsnet.training.fit import INITIALISATION_IMAGES, data_overrides, prepare_data
 from capsnet.training.loop import StepOptions, evaluate, train_one_epoch
 from capsnet.training.runner import Log, Progress, Task, run_task
 from capsnet.training.settings import TrainSettings
@@ -106,6 +107,12 @@ class AffnistTask(Task):
         return (f"affNIST protocol: {self.settings.model} on {len(self.images)} MNIST digits at "
                 f"random places on a {self.canvas}x{self.canvas} canvas, "
                 f"{len(self.val_labels)} validation digits; device {world.device}")
+
+    def initialisation_images(self) -> torch.Tensor:
+        """The first training digits, placed on the canvas as an epoch would place them."""
+        count = INITIALISATION_IMAGES
+        digits = placed(self.images[:count], self.canvas, self.settings.seed)
+        return to_model_input(digits)
 
     def train_epoch(self, model: nn.Module, optimizer, epoch: int, world: World,
                     on_progress: Progress) -> dict:

@@ -49,6 +49,14 @@ class PrimaryMatrixCaps(nn.Module):
         activations = torch.sigmoid(out[..., T * POSE_SIZE:])  # (B, 12, 12, 32)
         return poses, activations
 
+    @torch.no_grad()
+    def scale_poses(self, factor: float) -> None:
+        """Multiply every pose unit (weights and bias of the first types x 16 output
+        channels) by ``factor``; the activation units are left as they are."""
+        pose_channels = self.types * POSE_SIZE
+        self.conv.weight[:pose_channels] *= factor
+        self.conv.bias[:pose_channels] *= factor
+
 
 def window_children(grid: int, kernel: int, stride: int, types: int) -> torch.Tensor:
     """Global child index of every slot of every window: (G'^2, kernel^2 types), where

@@ -24,6 +24,13 @@ class MatrixCapsuleOutput(CapsuleOutput):
     loss_name: ClassVar[str] = "spread"
 
 
+# The primary poses' root mean square after the data-dependent initialisation
+# (:meth:`EMCapsNet.initialise_from_data`): unit-scale poses give votes whose variances are
+# not tiny, and EM routing's E-steps divide by those variances (docs/models-em.md,
+# "Initialisation").
+PRIMARY_POSE_RMS = 1.0
+
+
 class EMCapsNet(nn.Module):
     """Input images (B, C, H, W) scaled to [0, 1]; output :class:`MatrixCapsuleOutput`.
     ``compute_dtype`` (None: float32) is the autocast dtype of the two convolutions; votes
@@ -45,6 +52,21 @@ class EMCapsNet(nn.Module):
         self.class_caps = ClassCapsules(cfg.caps2_types, cfg.num_classes, cfg.class_coordinates,
                                         iterations, final_lambda)
         self.compute_dtype: torch.dtype | None = None
+
+    @torch.no_grad()
+    def initialise_from_data(self, images: torch.Tensor) -> str:
+        """Scale the primary capsules' pose units so that the poses of ``images`` (B, C, H, W)
+        in [0, 1] have the root mean square PRIMARY_POSE_RMS; the training run calls it once
+        on a fresh model (never on a resumed one). Returns what it did, for the log."""
+        with torch.autocast(device_type=images.device.type, enabled=False):
+            h = torch.relu(self.conv1(self.input_norm(images)))  # (B, A, 12, 12)
+            poses, _ = self.primary_caps(h)  # (B, 12, 12, B_types, 16)
+        rms = poses.pow(2).mean().sqrt().item()
+        if not rms > 0:
+            return f"primary poses all zero on {len(images)} images: left as initialised"
+        self.primary_caps.scale_poses(PRIMARY_POSE_RMS / rms)
+        return (f"primary pose units scaled by {PRIMARY_POSE_RMS / rms:.3g} (pose RMS "
+                f"{rms:.3g} -> {PRIMARY_POSE_RMS:g} on {len(images)} training images)")
 
     def forward(self, x: torch.Tensor,
                 labels: torch.Tensor | None = None) -> MatrixCapsuleOutput:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from capsnet.config import PRESET_CROPS, conv1_stride_for, input_norm_for, make_config
-from capsnet.data.augment import center_crop
+from capsnet.data.augment import center_crop, to_model_input
 from capsnet.data.datasets import FOLDER, ImageDataset, load_dataset
 from capsnet.data.folder import format_skipped_warning
 from capsnet.data.splits import epoch_order, epoch_seed, stratified_split
@@ -19,6 +19,9 @@ from capsnet.training.loop import StepOptions, evaluate, predict_scores, train_o
 from capsnet.training.runner import Log, Progress, Task, run_task
 from capsnet.training.scores import save_test_scores
 from capsnet.training.settings import TrainSettings, validation_size
+
+# Training images a model's data-dependent initialisation sees (the first of the split)
+INITIALISATION_IMAGES = 256
 
 
 @dataclass
@@ -35,6 +38,13 @@ class RunData:
     def model_size(self) -> int:
         """The side of the model's input: the crop, else the (square) images' own."""
         return self.crop or self.train.image_size[0]
+
+    def initialisation_images(self, count: int = INITIALISATION_IMAGES) -> torch.Tensor:
+        """The first ``count`` training images of the run, float (B, C, H, W) in [0, 1],
+        as the model sees them (centre-cropped when training on crops), unaugmented."""
+        images = self.train.images[self.train_idx[:count]]
+        images = images if self.crop is None else center_crop(images, self.crop)
+        return to_model_input(images)
 
     def validation(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Held-out images (V, ...) as the model sees them (centre-cropped) and labels (V,)."""
@@ -112,6 +122,9 @@ class ClassifyTask(Task):
 
     def prepare(self, device: torch.device) -> None:
         self.data = prepare_data(self.settings, device)
+
+    def initialisation_images(self) -> torch.Tensor:
+        return self.data.initialisation_images()
         self.epoch_size = len(self.data.train_idx)
 
     def model_overrides(self) -> dict:

@@ -94,3 +94,20 @@ def build_training(settings: TrainSettings, overrides: dict, device: torch.devic
     if per_step or ema is not None:  # every task's optimizer.step() drives them
         optimizer.register_step_post_hook(lambda *_: training.after_step())
     return training
+
+
+def initialise_from_data(training: Training, images: torch.Tensor | None) -> str | None:
+    """Let a model that has ``initialise_from_data(images) -> str`` (the EM model: its
+    primary poses' scale) adjust its fresh weights to a batch of training ``images``, then
+    start the weights' moving average from the adjusted weights. Returns the model's
+    description of what it did; None when the model has no such step or there are no
+    images. A resumed run never calls it: its weights come from the checkpoint."""
+    model = unwrap(training.model)
+    initialise = getattr(model, "initialise_from_data", None)
+    if initialise is None or images is None:
+        return None
+    with torch.no_grad():
+        described = initialise(images.to(next(model.parameters()).device))
+    if training.ema is not None:
+        training.ema.module.load_state_dict(model.state_dict())
+    return described

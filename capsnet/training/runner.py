@@ -30,7 +30,7 @@ from capsnet.training.checkpoint import atomic_copy, save_checkpoint
 from capsnet.training.distributed import World
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.metrics_log import MetricsLog
-from capsnet.training.optimisation import Training, build_training
+from capsnet.training.optimisation import Training, build_training, initialise_from_data
 from capsnet.training.progress import epoch_progress
 from capsnet.training.rng import rng_state, set_rng_state
 from capsnet.training.settings import TrainSettings, resume_checkpoint
@@ -97,6 +97,11 @@ class Task:
         validation-selected model (None when it is the final one or there is none)."""
         raise NotImplementedError
 
+    def initialisation_images(self) -> torch.Tensor | None:
+        """A few training images (B, C, H, W) in [0, 1] as the model sees them, for a
+        model's data-dependent initialisation (``initialise_from_data``); None: none."""
+        return None
+
 
 def run_task(task: Task, resume: str | None = None, argv: list[str] | None = None,
              log: Log = print) -> dict:
@@ -141,6 +146,10 @@ def _run(task: Task, resume: str | None, argv, log: Log, world: World) -> dict:
     if resume is not None:
         state, saved = _restore(resume_checkpoint(resume), task, training, world)
         log(f"resuming {resume} after epoch {state['epoch']}")
+    else:  # every rank sees the same images: the same initialisation everywhere
+        described = initialise_from_data(training, task.initialisation_images())
+        if described:
+            log(f"initialised from data: {described}")
     try:
         return _train(task, training, state, saved, argv, log, world, resident)
     except torch.cuda.OutOfMemoryError:
