@@ -78,7 +78,8 @@ EFFICIENT_PAPER_RECIPE = Recipe(epochs=150, batch_size=16, lr_scale=1.0, schedul
 
 # The fast recipe's ingredients at Efficient-CapsNet's rate: a peak of 3 x 5e-4 (lr_scale)
 # and the floor scaled alike (FAST_RECIPE's 1e-5 x 5e-4 / 1e-3); CapsNet's 2-pixel shifts,
-# batch 128, 15 epochs. A placeholder like FAST_RECIPE, not measured.
+# batch 128, 15 epochs. Set before measurement, not tuned: seeds 1-3 tested 99.58%, 99.60%,
+# 99.54% (mean 99.57%, ensemble 99.64%; docs/models-efficient.md, "The fast recipe, measured").
 EFFICIENT_FAST_RECIPE = dataclasses.replace(FAST_RECIPE, min_lr=5e-6)
 
 # CapsNet's recipes by name: every model's, but where MODEL_RECIPES has the model's own.
