@@ -36,7 +36,7 @@ def test_tiny_zoo_trains_measures_and_reads_back(tiny_mnist_dir, tmp_path, capsy
     report = json.loads((out / "routing_zoo.json").read_text())
     rows = report["datasets"]["mnist"]
     assert [(r["model"], r["routing"]) for r in rows] == [("efficient", "self-attention"),
-                                                          ("em", "em")]
+                                                          ("em", "em, 2 iterations")]
     for row, line in zip(rows, lines[2:], strict=True):
         run_dir = out / "mnist" / row["model"]
         assert row["complete"] and row["epochs"] == 1 and row["test_error"] is not None
@@ -91,6 +91,10 @@ def test_every_row_follows_one_protocol(tmp_path):
         "dynamic", "inverted-attention", "self-attention"]
     assert (runs["em"].model, runs["em"].preset, runs["em"].compile) == ("em", "small", True)
     assert not any(s.compile for key, s in runs.items() if key != "em")
+    assert runs["em"].routing_iterations == 2  # the paper's 3 learn far more slowly
+    em3 = zoo.run_settings(args, "mnist", "em-3")
+    assert (em3.model, em3.routing_iterations, em3.compile) == ("em", 3, True)
+    assert runs["capsnet"].routing_iterations == 3  # CapsNet keeps its default
     assert runs["efficient"].augment == "efficient"  # its own recipe otherwise
     fashion = zoo.run_settings(args, "fashion-mnist", "cnn")
     assert (fashion.dataset, fashion.data_dir, fashion.target_accuracy) == ("fashion-mnist",
