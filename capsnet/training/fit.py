@@ -122,10 +122,10 @@ class ClassifyTask(Task):
 
     def prepare(self, device: torch.device) -> None:
         self.data = prepare_data(self.settings, device)
+        self.epoch_size = len(self.data.train_idx)
 
     def initialisation_images(self) -> torch.Tensor:
         return self.data.initialisation_images()
-        self.epoch_size = len(self.data.train_idx)
 
     def model_overrides(self) -> dict:
         return data_overrides(self.settings, self.data)
