@@ -21,6 +21,7 @@ from capsnet.loading import CheckpointError, load_model
 from capsnet.models.precision import PRECISIONS
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.recipes import (
+    EFFICIENT_FAST_RECIPE,
     EFFICIENT_PAPER_RECIPE,
     FAST_RECIPE,
     PAPER_RECIPE,
@@ -174,6 +175,7 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
     """--recipe and the options it fills when they are not given: epochs, batch, the
     learning rate's peak and schedule, the weights' moving average."""
     paper, fast, efficient = PAPER_RECIPE, FAST_RECIPE, EFFICIENT_PAPER_RECIPE
+    efficient_fast = EFFICIENT_FAST_RECIPE
     p.add_argument("--recipe", default=None, choices=list(RECIPES),
                    help=f"training schedule filling every option below left unset: 'paper' "
                         f"(default: {paper.epochs} epochs, Adam x {paper.lr_decay} after each "
@@ -182,7 +184,9 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
                         f"{efficient.min_lr:g}, --augment {efficient.augment}) or "
                         f"'fast' ({fast.epochs} epochs, peak {fast.lr_scale:g}x the model's "
                         f"rate, {fast.warmup_epochs:g} epoch warm-up, {fast.schedule} to "
-                        f"{fast.min_lr:g}, EMA {fast.ema_decay:g} of the weights)")
+                        f"{fast.min_lr:g}, EMA {fast.ema_decay:g} of the weights; for "
+                        f"--model efficient {efficient_fast.epochs} epochs of --augment "
+                        f"{efficient_fast.augment})")
     p.add_argument("--epochs", type=int, default=None, help="default: the recipe's")
     p.add_argument("--batch-size", type=int, default=None,
                    help=f"global batch (split over the processes under torchrun; default: "

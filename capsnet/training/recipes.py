@@ -77,10 +77,14 @@ EFFICIENT_PAPER_RECIPE = Recipe(epochs=150, batch_size=16, lr_scale=1.0, schedul
                                 ema_warmup=False, augment="efficient", max_shift=2)
 
 # The fast recipe's ingredients at Efficient-CapsNet's rate: a peak of 3 x 5e-4 (lr_scale)
-# and the floor scaled alike (FAST_RECIPE's 1e-5 x 5e-4 / 1e-3); CapsNet's 2-pixel shifts,
-# batch 128, 15 epochs. Set before measurement, not tuned: seeds 1-3 tested 99.58%, 99.60%,
-# 99.54% (mean 99.57%, ensemble 99.64%; docs/models-efficient.md, "The fast recipe, measured").
-EFFICIENT_FAST_RECIPE = dataclasses.replace(FAST_RECIPE, min_lr=5e-6)
+# and the floor scaled alike (FAST_RECIPE's 1e-5 x 5e-4 / 1e-3), batch 128; 25 epochs of its
+# authors' augmentation (rotation, shift into the margins, squeeze, erasing). With CapsNet's
+# 2-pixel shifts for 15 epochs the small model fit its training images to 99.9% while
+# validation stayed at 99.50-99.59% (seeds 1-3 tested 99.58%, 99.60%, 99.54%, mean 99.57%);
+# the stronger augmentation over 25 epochs, chosen on validation only, passed that on seed 1
+# (validation 99.60%, test 99.64%; docs/models-efficient.md, "The fast recipe, measured").
+EFFICIENT_FAST_RECIPE = dataclasses.replace(FAST_RECIPE, epochs=25, min_lr=5e-6,
+                                            augment="efficient")
 
 # CapsNet's recipes by name: every model's, but where MODEL_RECIPES has the model's own.
 RECIPES = {"paper": PAPER_RECIPE, "fast": FAST_RECIPE}
