@@ -149,3 +149,23 @@ def test_fast_cli_run_stopped_and_resumed_equals_an_uninterrupted_one(tiny_mnist
     assert ([(r["lr"], r["train_loss"], r["val_accuracy"]) for r in read_metrics(part)]
             == [(r["lr"], r["train_loss"], r["val_accuracy"]) for r in read_metrics(full)])
     assert json.loads((part / "results.json").read_text())["complete"] is True
+
+
+def test_a_finished_cosine_run_resumed_with_more_epochs_follows_the_longer_schedule(
+        tiny_mnist_dir, tmp_path, capsys):
+    """A 1-epoch cosine run resumed with --epochs 2 says its schedule was re-planned, and its
+    second epoch starts at the rate a 2-epoch run has there, not at the 1-epoch run's floor."""
+    common = ["train", "--preset", "small", "--data-dir", str(tiny_mnist_dir), "--no-download",
+              "--subset", "100", "--val-size", "50", "--batch-size", "20", "--no-progress",
+              "--precision", "fp32", "--conv-impl", "gemm", "--schedule", "cosine",
+              "--warmup-epochs", "0", "--min-lr", "1e-5"]
+    full, extended = tmp_path / "full", tmp_path / "extended"
+    assert main([*common, "--epochs", "2", "--out-dir", str(full)]) == 0
+    assert main([*common, "--epochs", "1", "--out-dir", str(extended)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(extended), "--epochs", "2", "--no-progress"]) == 0
+    assert ("the cosine schedule planned to end after epoch 1 now ends after epoch 2"
+            in capsys.readouterr().out)
+    second_epoch_rate = read_metrics(full)[1]["lr"]
+    assert 1e-5 < second_epoch_rate < 1e-3
+    assert read_metrics(extended)[1]["lr"] == pytest.approx(second_epoch_rate)

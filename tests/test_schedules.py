@@ -14,6 +14,8 @@ from capsnet.training.schedules import (
     exp_staircase,
     make_scheduler,
     one_cycle,
+    replan_length,
+    step_schedule,
     warmup_cosine,
 )
 from capsnet.training.settings import TrainSettings
@@ -24,7 +26,7 @@ from capsnet.training.settings import TrainSettings
     (4, 1.0),  # the cosine starts at the peak
     (8, 0.01 + 0.99 * 0.5),  # half-way through T - W = 8 annealing steps: cos(pi/2) = 0
     (10, 0.01 + 0.99 * (1 + math.cos(math.pi * 0.75)) / 2),
-    (12, 0.01), (20, 0.01),  # the floor at T, and after it (a run extended by --epochs)
+    (12, 0.01), (20, 0.01),  # the floor at T, and after it
 ])
 def test_warmup_cosine_by_hand(step, expected):
     value = warmup_cosine(step, warmup_steps=4, total_steps=12, floor=0.01)
@@ -71,6 +73,17 @@ def rates(optimizer, scheduler, steps: int) -> list[float]:
     return used
 
 
+def restored(settings: TrainSettings, optimizer, scheduler, steps_per_epoch: int = 4):
+    """A new optimiser and scheduler built for ``settings``, loaded from the given ones'
+    states and re-planned to ``settings``' length; and the note replan_length returned."""
+    resumed_optimizer = adam(settings.lr)
+    resumed, _ = make_scheduler(resumed_optimizer, settings, steps_per_epoch)
+    planned = step_schedule(resumed).total_steps
+    resumed_optimizer.load_state_dict(optimizer.state_dict())
+    resumed.load_state_dict(scheduler.state_dict())
+    return resumed_optimizer, resumed, replan_length(resumed, planned)
+
+
 def test_cosine_is_set_every_step_and_resumes_with_its_own_length():
     settings = TrainSettings(recipe="fast", epochs=3, lr=2.0, min_lr=0.02, warmup_epochs=1)
     optimizer = adam(settings.lr)
@@ -78,14 +91,56 @@ def test_cosine_is_set_every_step_and_resumes_with_its_own_length():
     assert isinstance(scheduler, LambdaLR) and per_step is True
     first = rates(optimizer, scheduler, 5)
     assert first == pytest.approx([2.0 * warmup_cosine(s, 4, 12, 0.01) for s in range(5)])
-    # a resumed run, even one given more epochs, continues the saved schedule exactly
-    resumed_optimizer = adam(settings.lr)
-    longer = TrainSettings(recipe="fast", epochs=6, lr=2.0, min_lr=0.02, warmup_epochs=1)
-    resumed, _ = make_scheduler(resumed_optimizer, longer, steps_per_epoch=4)
-    resumed_optimizer.load_state_dict(optimizer.state_dict())
-    resumed.load_state_dict(scheduler.state_dict())
+    # resumed with its own length: the saved schedule goes on exactly, nothing re-planned
+    resumed_optimizer, resumed, change = restored(settings, optimizer, scheduler)
+    assert change is None
     assert rates(resumed_optimizer, resumed, 7) == rates(optimizer, scheduler, 7)
     assert resumed_optimizer.param_groups[0]["lr"] == pytest.approx(0.02)  # the floor at 12
+
+
+def test_a_schedule_resumed_with_more_epochs_ends_at_the_new_end():
+    """Stopped after 5 of 12 steps and resumed for 6 epochs (24 steps): the rates from step
+    5 on are a 24-step cosine's; a finished run extended climbs off its floor."""
+    settings = TrainSettings(recipe="fast", epochs=3, lr=2.0, min_lr=0.02, warmup_epochs=1)
+    longer = TrainSettings(recipe="fast", epochs=6, lr=2.0, min_lr=0.02, warmup_epochs=1)
+    optimizer = adam(settings.lr)
+    scheduler, _ = make_scheduler(optimizer, settings, steps_per_epoch=4)
+    rates(optimizer, scheduler, 5)
+    resumed_optimizer, resumed, change = restored(longer, optimizer, scheduler)
+    next_rate = 2.0 * warmup_cosine(5, 4, 24, 0.01)
+    assert change == ("learning rate: the cosine schedule planned to end after epoch 3 now ends "
+                      f"after epoch 6; the next step's rate is {next_rate:.3g}")
+    assert rates(resumed_optimizer, resumed, 19) == pytest.approx(
+        [2.0 * warmup_cosine(s, 4, 24, 0.01) for s in range(5, 24)])
+    assert resumed_optimizer.param_groups[0]["lr"] == pytest.approx(0.02)  # the new end
+    rates(optimizer, scheduler, 7)  # the 3-epoch run to its end, at its floor
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.02)
+    extended_optimizer, extended, _ = restored(longer, optimizer, scheduler)
+    # step 12 of 24: half-way through 20 annealing steps, cos(pi 8 / 20)
+    assert extended_optimizer.param_groups[0]["lr"] == pytest.approx(
+        2.0 * (0.01 + 0.99 * (1 + math.cos(math.pi * 0.4)) / 2))
+    # fewer epochs than planned anneal faster: the one-cycle given 4 epochs ends at step 16
+    cycle = TrainSettings(recipe="fast", schedule="onecycle", epochs=6, lr=2.0, min_lr=0.02,
+                          warmup_epochs=1)
+    cycle_optimizer = adam(cycle.lr)
+    cycle_scheduler, _ = make_scheduler(cycle_optimizer, cycle, steps_per_epoch=4)
+    rates(cycle_optimizer, cycle_scheduler, 6)
+    shorter = TrainSettings(recipe="fast", schedule="onecycle", epochs=4, lr=2.0,
+                            min_lr=0.02, warmup_epochs=1)
+    short_optimizer, short, _ = restored(shorter, cycle_optimizer, cycle_scheduler)
+    assert rates(short_optimizer, short, 10) == pytest.approx(
+        [2.0 * one_cycle(s, 4, 16, 0.01) for s in range(6, 16)])
+
+
+def test_the_exp_staircase_does_not_depend_on_the_run_length():
+    settings = TrainSettings(lr=1.0, warmup_epochs=0.5, lr_decay=0.5, epochs=3)
+    optimizer = adam(settings.lr)
+    scheduler, _ = make_scheduler(optimizer, settings, steps_per_epoch=4)
+    rates(optimizer, scheduler, 6)
+    longer = TrainSettings(lr=1.0, warmup_epochs=0.5, lr_decay=0.5, epochs=8)
+    resumed_optimizer, resumed, change = restored(longer, optimizer, scheduler)
+    assert change is None
+    assert rates(resumed_optimizer, resumed, 6) == rates(optimizer, scheduler, 6)
 
 
 def test_warm_up_turns_the_exp_schedule_into_a_per_step_staircase():

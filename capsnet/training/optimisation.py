@@ -17,7 +17,7 @@ from torch.optim.lr_scheduler import ExponentialLR, LRScheduler
 from capsnet.config import make_config
 from capsnet.models import build_model, unwrap
 from capsnet.training.ema import WeightEMA
-from capsnet.training.schedules import make_scheduler
+from capsnet.training.schedules import make_scheduler, replan_length, step_schedule
 from capsnet.training.settings import TrainSettings
 
 
@@ -62,9 +62,13 @@ class Training:
             state.update(raw_state_dict=unwrap(self.model).state_dict(), ema=self.ema.state())
         return state
 
-    def restore(self, payload: dict, lr_decay: float) -> None:
+    def restore(self, payload: dict, lr_decay: float) -> str | None:
         """Load a checkpoint written from :meth:`checkpoint_state`; the paper's decay goes on
-        at ``lr_decay`` from the next epoch (a resumed run may anneal at a new rate)."""
+        at ``lr_decay`` from the next epoch (a resumed run may anneal at a new rate), and a
+        per-step schedule saved for another number of epochs ends where this run's settings
+        plan it (:func:`replan_length`). Returns that change for the log, if any."""
+        planned = step_schedule(self.scheduler)
+        planned_steps = None if planned is None else planned.total_steps
         trained = payload.get("raw_state_dict", payload["state_dict"])
         unwrap(self.model).load_state_dict(trained)
         if self.ema is not None:  # a checkpoint without one starts the average here
@@ -74,6 +78,7 @@ class Training:
         self.scheduler.load_state_dict(payload["scheduler"])
         if isinstance(self.scheduler, ExponentialLR):
             self.scheduler.gamma = lr_decay
+        return None if planned_steps is None else replan_length(self.scheduler, planned_steps)
 
 
 def build_training(settings: TrainSettings, overrides: dict, device: torch.device,

@@ -146,6 +146,8 @@ def _run(task: Task, resume: str | None, argv, log: Log, world: World) -> dict:
     if resume is not None:
         state, saved = _restore(resume_checkpoint(resume), task, training, world)
         log(f"resuming {resume} after epoch {state['epoch']}")
+        if saved.get("schedule_change"):
+            log(saved["schedule_change"])
     else:  # every rank sees the same images: the same initialisation everywhere
         described = initialise_from_data(training, task.initialisation_images())
         if described:
@@ -375,10 +377,11 @@ def _final_report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
 def _restore(path: Path, task: Task, training: Training,
              world: World) -> tuple[dict, dict]:
     """Load a checkpoint into the run's objects; returns the epoch state and what else the
-    run kept (its speed plan, its fp16 gradient scaler). The checkpoint is read onto the
-    CPU: loading the state dicts moves the weights and Adam's moments to the parameters'
-    device, and Adam's step counts stay on the CPU (on a GPU they would cost a host sync
-    per parameter per step), whichever device wrote it."""
+    run kept (its speed plan, its fp16 gradient scaler) with the note of a schedule
+    re-planned to another --epochs. The checkpoint is read onto the CPU: loading the state
+    dicts moves the weights and Adam's moments to the parameters' device, and Adam's step
+    counts stay on the CPU (on a GPU they would cost a host sync per parameter per step),
+    whichever device wrote it."""
     payload = load_checkpoint(path, map_location="cpu")
     saved_task = payload.get("train_settings", {}).get("task", "classify")
     if saved_task != task.name:
@@ -387,11 +390,12 @@ def _restore(path: Path, task: Task, training: Training,
     if "optimizer" not in payload:
         raise CheckpointError(f"{path}: the weights of one epoch only (--keep-every keeps "
                               f"no optimiser state); resume from last.pt")
-    training.restore(payload, task.settings.lr_decay)
+    schedule_change = training.restore(payload, task.settings.lr_decay)
     set_rng_state(payload["rng"], world.device, world.rank)
     state = {k: payload[k] for k in ("epoch", "best_val_accuracy", "best_epoch")}
     state["reached_target"] = payload.get("reached_target", False)
-    return state, {k: payload.get(k) for k in ("speed_plan", "grad_scaler")}
+    return state, {**{k: payload.get(k) for k in ("speed_plan", "grad_scaler")},
+                   "schedule_change": schedule_change}
 
 
 def speed_plan_for(settings: TrainSettings, model, world: World,

@@ -6,8 +6,10 @@ ExponentialLR with that floor, stepped by the runner once per epoch. Every other
 sets the rate before each optimiser step: a LambdaLR whose multiplier is a
 :class:`StepSchedule`.
 That is a callable object, not a function, so the scheduler's state_dict carries its
-shape and length and a resumed run continues it bit-exactly; a run extended past its
-planned end with --epochs stays at the schedule's last value.
+shape and length and a resumed run continues it bit-exactly. A run resumed with another
+--epochs has its schedule re-planned to the new end (:func:`replan_length`): a finished
+cosine extended from 6 to 10 epochs goes on from where a 10-epoch cosine stands after
+epoch 6, instead of idling at its floor.
 
 Multipliers of the peak rate at 0-based optimiser step ``s`` (W warm-up steps, T steps in
 the run, f = min_lr / lr the floor):
@@ -125,3 +127,32 @@ def make_scheduler(optimizer: torch.optim.Optimizer, settings,
                             floor=settings.min_lr / settings.lr,
                             steps_per_epoch=steps_per_epoch, decay=settings.lr_decay)
     return LambdaLR(optimizer, schedule), True
+
+
+def step_schedule(scheduler: LRScheduler) -> StepSchedule | None:
+    """The per-step multiplier of a scheduler built here; None for the per-epoch exp."""
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    return lambdas[0] if lambdas and isinstance(lambdas[0], StepSchedule) else None
+
+
+def replan_length(scheduler: LRScheduler, total_steps: int) -> str | None:
+    """Make a restored per-step schedule end at ``total_steps`` (the resumed run's
+    --epochs times its steps an epoch) and set the optimiser's rate for the next step from
+    it: the cosine or one-cycle anneal is redrawn from where the run stands to the new end,
+    so a finished run given more epochs climbs back to the rate a schedule planned that long
+    has there, and one given fewer anneals faster. Returns the change for the log (None when
+    the length is unchanged, or for the exp staircase, which does not depend on it)."""
+    schedule = step_schedule(scheduler)
+    if schedule is None or schedule.total_steps == total_steps:
+        return None
+    planned_epochs = schedule.total_steps // schedule.steps_per_epoch
+    schedule.total_steps = total_steps
+    step = scheduler.last_epoch  # the 0-based index of the next optimiser step
+    for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
+        group["lr"] = base * schedule(step)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+    if schedule.shape == "exp":
+        return None
+    return (f"learning rate: the {schedule.shape} schedule planned to end after epoch "
+            f"{planned_epochs} now ends after epoch {total_steps // schedule.steps_per_epoch}; "
+            f"the next step's rate is {scheduler._last_lr[0]:.3g}")
