@@ -37,6 +37,7 @@ from capsnet.training import loop
 from capsnet.training.checkpoint import save_checkpoint
 from capsnet.training.fit import ClassifyTask
 from capsnet.training.optimisation import build_training, initialise_from_data
+from capsnet.training.recipes import EM_FAST_RECIPE, FAST_RECIPE, recipe_for
 from capsnet.training.settings import EM_LR, TrainSettings
 from capsnet.tuning import choose_plan
 from capsnet.tuning.memory import estimate_training_memory
@@ -307,7 +308,13 @@ def test_speed_plan_tunes_the_two_convolutions():
 def test_default_learning_rate_is_the_authors():
     assert EM_LR == 3e-3
     assert TrainSettings(model="em").lr == EM_LR
-    assert TrainSettings(model="em", recipe="fast").lr == pytest.approx(3 * EM_LR)
+    # the fast recipe peaks at EM's own rate, not 3x it (recipes.EM_FAST_RECIPE says why)
+    fast = TrainSettings(model="em", recipe="fast")
+    assert recipe_for("fast", "em") is EM_FAST_RECIPE
+    assert fast.lr == pytest.approx(EM_LR)
+    assert (fast.epochs, fast.schedule, fast.warmup_epochs, fast.min_lr, fast.ema_decay) == (
+        FAST_RECIPE.epochs, "cosine", FAST_RECIPE.warmup_epochs, FAST_RECIPE.min_lr,
+        FAST_RECIPE.ema_decay)
 
 
 # ----------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.recipes import (
     EFFICIENT_FAST_RECIPE,
     EFFICIENT_PAPER_RECIPE,
+    EM_FAST_RECIPE,
     FAST_RECIPE,
     PAPER_RECIPE,
     RECIPES,
@@ -32,6 +33,7 @@ from capsnet.training.settings import (
     CNN_LR,
     DEFAULT_VAL_SIZE,
     EFFICIENT_LR,
+    EM_LR,
     PAPER_LR,
     VAL_FRACTION_INVERSE,
     TrainSettings,
@@ -175,7 +177,7 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
     """--recipe and the options it fills when they are not given: epochs, batch, the
     learning rate's peak and schedule, the weights' moving average."""
     paper, fast, efficient = PAPER_RECIPE, FAST_RECIPE, EFFICIENT_PAPER_RECIPE
-    efficient_fast = EFFICIENT_FAST_RECIPE
+    efficient_fast, em_fast = EFFICIENT_FAST_RECIPE, EM_FAST_RECIPE
     p.add_argument("--recipe", default=None, choices=list(RECIPES),
                    help=f"training schedule filling every option below left unset: 'paper' "
                         f"(default: {paper.epochs} epochs, Adam x {paper.lr_decay} after each "
@@ -186,7 +188,8 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
                         f"rate, {fast.warmup_epochs:g} epoch warm-up, {fast.schedule} to "
                         f"{fast.min_lr:g}, EMA {fast.ema_decay:g} of the weights; for "
                         f"--model efficient {efficient_fast.epochs} epochs of --augment "
-                        f"{efficient_fast.augment})")
+                        f"{efficient_fast.augment}; for --model em its own rate as "
+                        f"the peak ({em_fast.lr_scale:g}x))")
     p.add_argument("--epochs", type=int, default=None, help="default: the recipe's")
     p.add_argument("--batch-size", type=int, default=None,
                    help=f"global batch (split over the processes under torchrun; default: "
@@ -195,7 +198,8 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=None,
                    help=f"peak Adam learning rate (default: the recipe's multiple of {PAPER_LR}; "
                         f"of {CNN_LR} for the CNN baseline of the paper and half presets, "
-                        f"which dies at {PAPER_LR}; of {EFFICIENT_LR} for Efficient-CapsNet)")
+                        f"which dies at {PAPER_LR}; of {EFFICIENT_LR} for Efficient-CapsNet; "
+                        f"of {EM_LR} for EM)")
     p.add_argument("--lr-decay", type=float, default=None,
                    help=f"schedule exp: learning-rate factor applied after each epoch (default: "
                         f"the recipe's, {paper.lr_decay}; {efficient.lr_decay} for "
