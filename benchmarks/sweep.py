@@ -122,17 +122,17 @@ def run_settings(study: Study, args: argparse.Namespace, dataset: str,
 
 
 def train(study: Study, args: argparse.Namespace, log) -> None:
-    """Start, resume or read back every run, within --time-limit for this call."""
+    """Start, resume or read back every run, within --time-limit for this call's training."""
+    runs = [(f"{dataset}/{variant}", *run_settings(study, args, dataset, variant))
+            for dataset in args.datasets for variant in args.variants]
     deadline = None if args.time_limit is None else time.monotonic() + args.time_limit
-    for dataset in args.datasets:
-        for variant in args.variants:
-            settings, options = run_settings(study, args, dataset, variant)
-            if deadline is not None:
-                settings.time_limit = deadline - time.monotonic()
-                if settings.time_limit <= 0:
-                    log(f"{dataset}/{variant}: no time left in --time-limit; call again")
-                    continue
-            run_seed(settings, ["train", *options], log)  # command.txt: `capsnet train ...`
+    for name, settings, options in runs:
+        if deadline is not None:
+            settings.time_limit = deadline - time.monotonic()
+            if settings.time_limit <= 0:
+                log(f"{name}: no time left in --time-limit; call again to continue")
+                continue
+        run_seed(settings, ["train", *options], log)  # command.txt: `capsnet train ...`
 
 
 def first_reaching(rows: list[dict], target: float) -> dict | None:
