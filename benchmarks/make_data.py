@@ -9,22 +9,16 @@ seconds), and digits that are not from MNIST's files:
     python -m capsnet predict /tmp/own-digits --checkpoint runs/latest/best.pt --json > own.json
     python -m benchmarks.make_data own-digits --score own.json
 
-``folders`` and ``study`` write class folders, OUT[/<set>]/train|test/<class>/*.png, the layout
-`capsnet train --dataset folder` reads. ``folders`` writes an IDX dataset's first images as
-they are (or resized, or painted in two random colours per image). ``study`` writes the own-data
-study sets (seeded; colours and textures carry no label):
-
-  fashion-colour   Fashion-MNIST items at 32x32, object and ground in random colours, 10 classes
-  mixed-20         20 classes (digits 0-9 and the 10 Fashion-MNIST items), random colours,
-                   images of mixed sizes (28-44 px): train it with --image-size 32
-  large-48         Fashion-MNIST items at 48x48 in random colours
-  textured         digits in one random colour on a random coloured texture (gratings, blobs and
-                   pixel noise) at 32x32: a ground that is not one colour, as in photos
-
-``own-digits`` writes five digits per class (3 typed in an installed TrueType font, 2 drawn as a
-jittered pen stroke), each on a random paper (dark on light with uneven light and noise, or
-light on dark) as PNG or JPEG, named '<digit>_<kind>-<n>.<ext>'; ``--score`` reads
-`capsnet predict --json` output and scores it by those names.
+``folders`` writes an IDX dataset's first images as class folders, OUT/train|test/<class>/*.png
+(the layout `capsnet train --dataset folder` reads), as they are, resized, or painted in two
+random colours per image. ``study`` writes the own-data study sets the same way, each seeded,
+colours and textures carrying no label (STUDY_SETS): fashion-colour (Fashion-MNIST items at
+32x32, object and ground in random colours), mixed-20 (digits and Fashion items, 20 classes,
+28-44 px: train with --image-size 32), large-48 (Fashion items at 48x48), textured (digits in
+one colour on coloured gratings, blobs and noise at 32x32, a ground as in photos).
+``own-digits`` types (in an installed TrueType font) or draws (a jittered pen stroke) five
+digits per class on photo-like paper, as '<digit>_<kind>-<n>.png|jpg'; ``--score`` scores
+`capsnet predict --json` output by those names.
 """
 from __future__ import annotations
 
@@ -294,8 +288,8 @@ def score(results_json: Path) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.make_data",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.make_data", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     folders = commands.add_parser("folders", help="an IDX dataset as class folders")
     folders.add_argument("--dataset", default="fashion-mnist")

@@ -114,8 +114,8 @@ def evaluate(run: Path, row: dict, device: torch.device, measure: bool) -> dict 
     return record
 
 
-def measured(key: str, cell) -> Column:
-    return Column(key, lambda row: "-" if row["eval"] is None else cell(row["eval"]))
+def measured(head: str, cell) -> Column:
+    return head, lambda row: "-" if row["eval"] is None else cell(row["eval"])
 
 
 def columns(dataset: str) -> list[Column]:

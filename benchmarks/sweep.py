@@ -57,19 +57,15 @@ class Variant:
     epochs: int | None = None  # its own default (None: the study's)
 
 
-@dataclass(frozen=True)
-class Column:
-    """A study's own column: its head and its cell from a row (``row['eval']`` holds what
-    the study's ``evaluate`` returned)."""
-
-    head: str
-    cell: Callable[[dict], str]
+# A table column: its head and its cell from a row (row['eval']: what the study's evaluate
+# returned for that run)
+Column = tuple[str, Callable[[dict], str]]
 
 
 @dataclass(frozen=True)
 class Study:
     name: str  # the module's name: python -m benchmarks.NAME, NAME.json
-    doc: str  # the --help text
+    doc: str  # the --help text (before this module's)
     variants: dict[str, Variant]
     default_variants: tuple[str, ...]
     default_datasets: tuple[str, ...]
@@ -172,24 +168,21 @@ def percent(value: float | None) -> str:
 
 def format_table(study: Study, dataset: str, rows: list[dict], targets: tuple[float, ...]) -> str:
     """A data set's Markdown table: one row per variant."""
-    columns = [Column("variant", lambda r: r["variant"] + ("" if r["complete"] else " *"))]
-    if study.note_head:
-        columns.append(Column(study.note_head, lambda r: r["note"]))
-    columns += [
-        Column("test acc", lambda r: percent(r["test_accuracy"])),
-        Column("best val (epoch)", lambda r: "-" if r["best_epoch"] is None
-               else f"{percent(r['best_val_accuracy'])} ({r['best_epoch']})"),
-        Column("epochs (min)", lambda r: f"{r['epochs']} ({r['minutes']:.1f})" if r["epochs"]
-               else "-"),
-        Column("train img/s", lambda r: "-" if r["train_images_per_second"] is None
-               else f"{r['train_images_per_second']:,.0f}")]
-    for t in targets:
-        columns.append(Column(f"val>={100 * t:.1f}%", lambda r, key=f"{t:.3f}": "-"
-                              if r["reached"][key] is None
-                              else "ep {epoch}, {minutes:.1f} min".format(**r["reached"][key])))
+    columns: list[Column] = [
+        ("variant", lambda r: r["variant"] + ("" if r["complete"] else " *")),
+        *([(study.note_head, lambda r: r["note"])] if study.note_head else []),
+        ("test acc", lambda r: percent(r["test_accuracy"])),
+        ("best val (epoch)", lambda r: "-" if r["best_epoch"] is None
+         else f"{percent(r['best_val_accuracy'])} ({r['best_epoch']})"),
+        ("epochs (min)", lambda r: f"{r['epochs']} ({r['minutes']:.1f})" if r["epochs"] else "-"),
+        ("train img/s", lambda r: "-" if r["train_images_per_second"] is None
+         else f"{r['train_images_per_second']:,.0f}")]
+    columns += [(f"val>={100 * t:.1f}%", lambda r, key=f"{t:.3f}": "-" if r["reached"][key] is None
+                 else "ep {epoch}, {minutes:.1f} min".format(**r["reached"][key]))
+                for t in targets]
     columns += study.columns(dataset)
-    lines = ["| " + " | ".join(c.head for c in columns) + " |", "|" + " --- |" * len(columns)]
-    return "\n".join(lines + ["| " + " | ".join(c.cell(r) for c in columns) + " |"
+    lines = ["| " + " | ".join(head for head, _ in columns) + " |", "|" + " --- |" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(cell(r) for _, cell in columns) + " |"
                               for r in rows])
 
 
@@ -242,7 +235,8 @@ def parse_targets(text: str | None, datasets: list[str],
 
 
 def parse_args(study: Study, argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=f"python -m benchmarks.{study.name}", description=study.doc,
+    p = argparse.ArgumentParser(prog=f"python -m benchmarks.{study.name}",
+                                description=f"{study.doc}\n{__doc__}",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(study.variant_flag, dest="variants", default=",".join(study.default_variants),
                    help=f"comma-separated, from {', '.join(study.variants)}")

@@ -4,8 +4,8 @@
     python -m benchmarks.time_to_accuracy --data-dir ~/mnist --out-dir runs/tta
 
 Each recipe trains in its own run directory (the paper recipe for 40 epochs, the protocol
-run's, the fast one for its own; --epochs sets both); see benchmarks.sweep for how runs are
-resumed and the table is read.
+run's, the fast one for its own; --epochs sets both); the sweep below says how runs resume
+and how the table is read.
 """
 from __future__ import annotations
 
