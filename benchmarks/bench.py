@@ -32,7 +32,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -49,7 +48,7 @@ from capsnet.tuning import (
     low_precisions,
     native_bf16,
 )
-from capsnet.tuning.timing import synchronize
+from capsnet.tuning.timing import wall_clock
 
 REPO = Path(__file__).resolve().parents[1]  # the workers run `python -m benchmarks.bench` here
 REFERENCES = ("seed-style", "broadcast-style")
@@ -222,11 +221,7 @@ def serve_case(case: str, args, device: torch.device) -> None:
     for request in sys.stdin:
         request = request.strip()
         if request in calls:
-            synchronize(device)
-            start = time.perf_counter()
-            calls[request]()
-            synchronize(device)
-            answer = repr(time.perf_counter() - start)
+            answer = repr(wall_clock(calls[request], device, inner=1))
         elif request == "plan":
             answer = json.dumps(plan.as_dict() if plan else None)
         elif request == "memory":

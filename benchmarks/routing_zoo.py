@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -40,7 +39,7 @@ from capsnet.loading import model_from_checkpoint
 from capsnet.models import count_parameters
 from capsnet.training.settings import TrainSettings
 from capsnet.tuning import tune_for_inference
-from capsnet.tuning.timing import synchronize
+from capsnet.tuning.timing import wall_clock
 
 # torch.compile for EM: its routing's many passes over the votes fuse, which doubled the
 # small model's training speed; two iterations: with the paper's three it learns several
@@ -72,13 +71,7 @@ def inference_speed(model: torch.nn.Module, images: torch.Tensor, device: torch.
     count = max(1, min(INFER_BATCHES, len(images) // batch))
     inputs = [image_batch(images[k * batch:(k + 1) * batch], device) for k in range(count)]
     model(inputs[0])  # warm-up: kernels chosen, memory allocated
-    seconds = []
-    for x in inputs:
-        synchronize(device)
-        start = time.perf_counter()
-        model(x)
-        synchronize(device)
-        seconds.append(time.perf_counter() - start)
+    seconds = [wall_clock(lambda x=x: model(x), device, inner=1) for x in inputs]
     return {"images_per_second": round(batch / statistics.median(seconds), 1),
             "batch": batch, "batches": count}
 
