@@ -149,7 +149,8 @@ def read_run(path: Path, targets: tuple[float, ...]) -> dict:
     epochs = {row["epoch"]: row for row in rows}
     results = json.loads((path / "results.json").read_text()) \
         if (path / "results.json").is_file() else {}
-    scored = [(r["val_accuracy"], -e) for e, r in epochs.items() if r.get("val_accuracy")]
+    scored = [(r["val_accuracy"], -e) for e, r in epochs.items()
+              if r.get("val_accuracy") is not None]
     best_val, best_epoch = max(scored, default=(None, None))
     tested = results.get("best", results.get("final"))
     speeds = [r["images_per_second"] for r in epochs.values() if r.get("images_per_second")]
