@@ -1,7 +1,7 @@
 """Training-step and inference speed of capsnet against public styles of CapsNet, in one run.
 
-    python benchmarks/bench.py                  # CPU (or the GPU when present), batch 128
-    python benchmarks/bench.py --repeats 7 --cases capsnet,broadcast-style
+    python -m benchmarks.bench                  # CPU (or the GPU when present), batch 128
+    python -m benchmarks.bench --repeats 7 --cases capsnet,broadcast-style
 
 Every case runs in a process of its own (no shared heap; its own peak memory), and the
 processes are timed in interleaved rounds (a, b, c, a, b, c, ...: one call each per
@@ -32,17 +32,14 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from capsnet.devices import pick_device, tune_backends  # noqa: E402
-from capsnet.layers.gemm_conv import CONV_IMPLS  # noqa: E402
-from capsnet.models.precision import PRECISIONS  # noqa: E402
-from capsnet.tuning import (  # noqa: E402
+from capsnet.devices import pick_device, tune_backends
+from capsnet.layers.gemm_conv import CONV_IMPLS
+from capsnet.models.precision import PRECISIONS
+from capsnet.tuning import (
     SpeedPlan,
     apply_plan,
     choose_plan,
@@ -51,8 +48,9 @@ from capsnet.tuning import (  # noqa: E402
     low_precisions,
     native_bf16,
 )
-from capsnet.tuning.timing import synchronize  # noqa: E402
+from capsnet.tuning.timing import wall_clock
 
+REPO = Path(__file__).resolve().parents[1]  # the workers run `python -m benchmarks.bench` here
 REFERENCES = ("seed-style", "broadcast-style")
 # torch.compile modes of the compiled cases; 'reduce-overhead' replays CUDA graphs (GPU only,
 # not among cases_for's defaults: benchmarks/gpu_campaign.py times it on its own)
@@ -186,12 +184,12 @@ class CaseWorker:
 
     def __init__(self, case: str, args, device: torch.device):
         self.case = case
-        command = [sys.executable, __file__, "--worker", case, "--device", str(device),
-                   "--batch-size", str(args.batch_size)]
+        command = [sys.executable, "-m", "benchmarks.bench", "--worker", case,
+                   "--device", str(device), "--batch-size", str(args.batch_size)]
         if getattr(args, "default_allocator", False):
             command.append("--default-allocator")
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True)
+                                        stderr=subprocess.PIPE, text=True, cwd=REPO)
         # one case built (and its plan measured) at a time: nothing else runs meanwhile
         self._answer()
 
@@ -223,11 +221,7 @@ def serve_case(case: str, args, device: torch.device) -> None:
     for request in sys.stdin:
         request = request.strip()
         if request in calls:
-            synchronize(device)
-            start = time.perf_counter()
-            calls[request]()
-            synchronize(device)
-            answer = repr(time.perf_counter() - start)
+            answer = repr(wall_clock(calls[request], device, inner=1))
         elif request == "plan":
             answer = json.dumps(plan.as_dict() if plan else None)
         elif request == "memory":

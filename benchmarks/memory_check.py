@@ -1,6 +1,6 @@
 """Peak memory of training steps, measured, against capsnet.tuning.memory's estimate.
 
-    python benchmarks/memory_check.py              # the table of docs/gpu.md (CPU)
+    python -m benchmarks.memory_check              # the table of docs/gpu.md (CPU)
 
 The peak is the most bytes held at once by live tensors of the step's device (CPU here):
 every tensor an operator creates is counted from its creation until its storage is freed
@@ -20,8 +20,6 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MIB = 2**20
 
