@@ -109,7 +109,8 @@ def test_primary_caps_on_non_square_maps_counts_its_capsules():
     assert u.shape == (B, layer.num_capsules(13, 9), dim) == (B, types * 6 * 4, dim)
     conv = layer.conv(x)  # (B, types*dim, 6, 4): capsule (t, r, c) is still type-major
     t, r, c = 1, 5, 3
-    torch.testing.assert_close(u[:, t * 6 * 4 + r * 4 + c], squash(conv[:, t * dim:(t + 1) * dim, r, c]))
+    expected = squash(conv[:, t * dim:(t + 1) * dim, r, c])  # (B, dim)
+    torch.testing.assert_close(u[:, t * 6 * 4 + r * 4 + c], expected)
 
 
 def test_paper_primary_caps_count_is_1152():

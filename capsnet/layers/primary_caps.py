@@ -57,5 +57,6 @@ class PrimaryCaps(nn.Module):
         out = self.conv(x)  # (B, types*dim, H', W')
         rows, columns = out.shape[-2:]
         u = out.view(B, self.types, self.dim, rows, columns)  # (B, 32, 8, 6, 6)
-        u = u.permute(0, 1, 3, 4, 2).reshape(B, self.types * rows * columns, self.dim)  # (B, 1152, 8)
+        u = u.permute(0, 1, 3, 4, 2)  # (B, 32, 6, 6, 8)
+        u = u.reshape(B, self.types * rows * columns, self.dim)  # (B, 1152, 8)
         return squash(full_precision(u))
