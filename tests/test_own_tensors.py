@@ -93,6 +93,13 @@ def test_without_test_data_a_stratified_tenth_is_held_out():
     assert torch.bincount(test.labels, minlength=10).tolist() == [2] * 10
     again = own_datasets(fake(200))[1]  # the same test images every time
     assert torch.equal(again.images, test.images)
+    assert test.info["test_split"]["seed"] == 0 and len(test.info["test_split"]["indices"]) == 20
+
+
+def test_fit_names_its_first_argument_when_given_data_there():
+    with pytest.raises(TypeError, match=r"first argument is a TrainSettings, got tuple; pass "
+                                        r"your data as fit\(settings, data="):
+        fit(fake(10))
 
 
 @pytest.mark.parametrize("as_dataset", [False, True])

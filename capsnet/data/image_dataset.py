@@ -4,6 +4,7 @@ your own tensors or of any map-style Dataset."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,8 +143,8 @@ UINT8_LEVELS = 256
 
 def as_image_dataset(data: Any, name: str = OWN_DATA,
                      classes: Sequence[str] | None = None) -> ImageDataset:
-    """Your own data as an ImageDataset (one taken as it is): a pair (images, labels) or
-    any map-style ``Dataset`` of (image, label) items.
+    """Your own data as an ImageDataset (one taken as it is): a tuple (images, labels) or
+    any map-style ``Dataset`` of (image, label) items (read once, item by item).
 
     images: tensors (N, H, W) or (N, C, H, W), C = 1 or 3, uint8 levels 0..255 or float in
     [0, 1] (rounded to 8 bits: training holds images as uint8); items of a Dataset are
@@ -154,7 +155,7 @@ def as_image_dataset(data: Any, name: str = OWN_DATA,
     """
     if isinstance(data, ImageDataset):
         return data
-    if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data, Dataset):
+    if isinstance(data, tuple) and len(data) == 2:
         images, labels = (torch.as_tensor(np.asarray(x)) if not isinstance(x, torch.Tensor)
                           else x for x in data)
     elif isinstance(data, Dataset):
@@ -210,4 +211,6 @@ def held_out_split(dataset: ImageDataset, fraction: float, seed: int = 0
     none, the same for every run with ``seed``."""
     held = min(max(1, round(fraction * len(dataset))), len(dataset) - 1)
     kept, taken = stratified_split(dataset.labels, held, seed)
-    return dataset.subset(kept), dataset.subset(taken)
+    split = dataclasses.replace(dataset, info={**dataset.info, "test_split": {
+        "seed": seed, "fraction": fraction, "indices": taken.tolist()}})
+    return split.subset(kept), split.subset(taken)

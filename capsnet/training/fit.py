@@ -230,6 +230,10 @@ def fit(settings: TrainSettings | None = None, resume: str | None = None,
     tenth of ``data`` is held out for the test. The run then records the data's name ("own"
     for tensors) as its dataset; resuming it needs the same ``data`` again."""
     settings = settings or TrainSettings()
+    if not isinstance(settings, TrainSettings):
+        raise TypeError(f"fit's first argument is a TrainSettings, got "
+                        f"{type(settings).__name__}; pass your data as "
+                        f"fit(settings, data=(images, labels))")
     own = None if data is None else own_datasets(data, test_data)
     if own is not None:
         settings = dataclasses.replace(settings, dataset=own[0].name)
