@@ -1,15 +1,84 @@
 """capsnet: Capsule Networks (Sabour, Frosst & Hinton 2017) in PyTorch.
 
-The library, bottom-up: ``config`` -> ``layers`` -> ``models`` -> ``tuning`` (speed by
-measurement) -> ``data`` -> ``loading`` -> ``training`` (the one epoch driver) ->
-``experiments``; using a model: ``inference``, ``preprocess``, ``routing_trace``, ``figures``,
-``export``. The applications ``cli`` and ``web`` sit on top. See docs/architecture.md.
+    >>> import capsnet
+    >>> model = capsnet.create_model("capsnet", pretrained=True)  # 99.67% on MNIST
+    >>> out = model(images)  # images (B, 1, 28, 28) in [0, 1]
+    >>> out.lengths, out.reconstructions  # (B, 10) class scores, (B, 1, 28, 28)
+    >>> capsnet.predict("my_digit.png").class_name
+    '7'
+
+The names below (``__all__``) are the library's public API, in groups:
+
+============================  ==========================================================
+models and configs            CapsNet, CNNBaseline, EfficientCapsNet, EMCapsNet, their
+                              configs, make_config, build_model, CapsuleOutput
+by name, with trained weights create_model, list_models, load_pretrained,
+                              pretrained_names, load_model (a checkpoint or weights file)
+layers                        squash, PrimaryCaps, DigitCaps, LazyDigitCaps, Decoder, the
+                              routers (Router, Routed, DynamicRouter, EMRouter,
+                              InvertedAttentionRouter, SelfAttentionRouter), dynamic_routing
+losses                        margin_loss, reconstruction_loss, capsule_loss, spread_loss,
+                              model_loss
+using a model                 predict, Prediction, to_model_input, prepare_for_model
+data and training             ImageDataset, load_dataset, fit, TrainSettings
+============================  ==========================================================
+
+Each name is imported on first use, so ``import capsnet`` itself is quick and imports
+neither torch nor the applications. The library, bottom-up: ``config`` -> ``layers`` ->
+``models`` -> ``tuning`` -> ``data`` -> ``loading`` -> ``training`` -> ``experiments``;
+using a model: ``inference``, ``preprocess``, ``routing_trace``, ``figures``, ``export``.
+The applications ``cli`` and ``web`` sit on top. See docs/architecture.md and the Python
+API section of docs/usage.md.
 """
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
 
-from capsnet.config import CapsNetConfig, CNNConfig, make_config  # noqa: E402
-from capsnet.inference import predict  # noqa: E402
-from capsnet.models import CapsNet, CNNBaseline, build_model  # noqa: E402
+# public name -> the module that defines it, grouped as in the table above
+_EXPORTS: dict[str, str] = {
+    # models and configs
+    **dict.fromkeys(("CapsNet", "CNNBaseline", "EfficientCapsNet", "EMCapsNet", "CapsuleOutput",
+                     "build_model"), "capsnet.models"),
+    **dict.fromkeys(("CapsNetConfig", "CNNConfig", "EfficientCapsNetConfig", "EMCapsNetConfig",
+                     "make_config"), "capsnet.config"),
+    # by name, with trained weights
+    **dict.fromkeys(("create_model", "list_models"), "capsnet.hub"),
+    **dict.fromkeys(("load_pretrained", "pretrained_names"), "capsnet.pretrained"),
+    "load_model": "capsnet.loading",
+    # layers
+    **dict.fromkeys(("squash", "PrimaryCaps", "DigitCaps", "Decoder", "Router", "Routed",
+                     "DynamicRouter", "EMRouter", "InvertedAttentionRouter",
+                     "SelfAttentionRouter", "dynamic_routing"), "capsnet.layers"),
+    "LazyDigitCaps": "capsnet.layers.digit_caps",
+    # losses
+    **dict.fromkeys(("margin_loss", "reconstruction_loss", "capsule_loss", "spread_loss",
+                     "model_loss"), "capsnet.losses"),
+    # using a model
+    **dict.fromkeys(("predict", "Prediction"), "capsnet.inference"),
+    "to_model_input": "capsnet.data.augment",
+    "prepare_for_model": "capsnet.preprocess",
+    # data and training
+    "ImageDataset": "capsnet.data.image_dataset",
+    "load_dataset": "capsnet.data.datasets",
+    "fit": "capsnet.training.fit",
+    "TrainSettings": "capsnet.training.settings",
+}
 
-__all__ = ["CapsNet", "CapsNetConfig", "CNNBaseline", "CNNConfig", "build_model", "make_config",
-           "predict", "__version__"]
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name on first use (PEP 562); it is a plain attribute from then on."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'capsnet' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+

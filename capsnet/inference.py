@@ -1,7 +1,7 @@
 """Using a trained model: predict the class of your own images, reconstruct, move capsule poses.
 
     >>> from capsnet.inference import predict
-    >>> [p] = predict("my_digit.jpg", model="runs/latest/best.pt")
+    >>> p = predict("my_digit.jpg", model="runs/latest/best.pt")  # a list for a batch
     >>> p.class_name, p.index, p.length, p.alternatives
     ('7', 7, 0.93, [(1, 0.12), (9, 0.08)])
 
@@ -25,7 +25,7 @@ from torch import nn
 
 from capsnet.config import class_names
 from capsnet.data.augment import to_model_input
-from capsnet.data.image_dataset import PIXEL_MAX, display_images
+from capsnet.data.image_dataset import CHANNEL_COUNTS, PIXEL_MAX, display_images
 from capsnet.loading import ModelSource, load_model
 from capsnet.models import CapsuleOutput, class_scores
 from capsnet.preprocess import ImageSource, PreprocessError, prepare_for_model
@@ -35,6 +35,7 @@ PERTURB_RANGE = 0.25
 PERTURB_STEP = 0.05
 BATCH_SIZE = 256
 RGB = 3
+TENSOR_IMAGE_NDIM = 3  # (C, H, W)
 
 
 @dataclass
@@ -157,35 +158,92 @@ def predict_prepared(model: nn.Module, images: np.ndarray | torch.Tensor, source
 
 def prepare_sources(images: ImageSource | Sequence[ImageSource], config
                     ) -> tuple[np.ndarray, list[str]]:
-    """Own images prepared for the model with ``config``: uint8 (N, C, H, W) and names."""
-    if isinstance(images, (str, os.PathLike, bytes, bytearray, np.ndarray)) or not isinstance(
-            images, Sequence):
-        images = [images]
+    """Own images prepared for the model with ``config``: uint8 (N, C, H, W) and names.
+    ``images`` is one image or a batch, as :func:`predict` takes them."""
     prepared, names = [], []
-    for i, source in enumerate(images):
+    for i, source in enumerate(split_batch(images)[0]):
         name = _source_name(source, i)
         try:
-            prepared.append(prepare_for_model(source, config))  # (C, H, W)
+            prepared.append(prepare_one(source, config))  # (C, H, W)
         except PreprocessError as exc:
             raise PreprocessError(f"{name}: {exc}") from None
         names.append(name)
     return np.stack(prepared), names
 
 
-def predict(images: ImageSource | Sequence[ImageSource], model: ModelSource = None,
-            device: Any = "cpu", top_k: int = 3) -> list[Prediction]:
-    """Predict the class of each image: paths, encoded bytes, PIL images or arrays (grey
-    (H, W) or RGB (H, W, 3)), each prepared for the model
-    (:func:`capsnet.preprocess.prepare_for_model`: made MNIST-like for a digit model,
-    converted and resized for any other). One image or a list; a single numpy array is
-    one image.
+def split_batch(images: Any) -> tuple[list, bool]:
+    """(the images one by one, whether ``images`` was one image), by :func:`predict`'s
+    rules; PreprocessError in one line for an array or tensor of another shape."""
+    if isinstance(images, torch.Tensor):
+        if images.dim() not in (TENSOR_IMAGE_NDIM, TENSOR_IMAGE_NDIM + 1):
+            raise PreprocessError(f"expected an image tensor (C, H, W) or a batch (B, C, H, W), "
+                                  f"got shape {tuple(images.shape)}")
+        single = images.dim() == TENSOR_IMAGE_NDIM
+        return ([images] if single else list(images)), single
+    if isinstance(images, np.ndarray):
+        channels_last = images.ndim > 2 and images.shape[-1] in CHANNEL_COUNTS
+        single = images.ndim == 2 or (images.ndim == 3 and channels_last)
+        if single:
+            return [images], True
+        if images.ndim == 3 or (images.ndim == 4 and channels_last):
+            return list(images), False
+        raise PreprocessError(f"expected an image array (H, W) or (H, W, C) or a batch "
+                              f"(B, H, W) or (B, H, W, C), C in {CHANNEL_COUNTS}; got shape "
+                              f"{tuple(images.shape)}")
+    if isinstance(images, Sequence) and not isinstance(images, (str, bytes, bytearray)):
+        return list(images), False
+    return [images], True
+
+
+def prepare_one(source: ImageSource | torch.Tensor, config) -> np.ndarray:
+    """One image -> uint8 (C, H, W) for the model with ``config``: a tensor is taken as
+    model input (:func:`tensor_image`), anything else prepared as an own image
+    (:func:`capsnet.preprocess.prepare_for_model`)."""
+    if isinstance(source, torch.Tensor):
+        return tensor_image(source, config)
+    if isinstance(source, np.ndarray) and source.ndim == 3 and source.shape[-1] == 1:
+        source = source[..., 0]  # (H, W, 1) -> (H, W)
+    return prepare_for_model(source, config)
+
+
+def tensor_image(image: torch.Tensor, config) -> np.ndarray:
+    """A model-input tensor (C, H, W) at the model's size, float in [0, 1] (as
+    :func:`to_model_input` makes) or uint8 levels -> uint8 (C, H, W), rounded to 8 bits."""
+    expected = (config.in_channels, config.image_size, config.image_size)
+    if tuple(image.shape) != expected:
+        raise PreprocessError(f"expected a tensor (C, H, W) = {expected} for this model, or a "
+                              f"batch (B, {', '.join(map(str, expected))}); got shape "
+                              f"{tuple(image.shape)}")
+    if image.dtype == torch.uint8:
+        return image.cpu().numpy()
+    pixels = (image.detach().float().clamp(0, 1) * PIXEL_MAX).round()  # (C, H, W)
+    return pixels.to(torch.uint8).cpu().numpy()
+
+
+def predict(images: ImageSource | torch.Tensor | Sequence[ImageSource | torch.Tensor],
+            model: ModelSource = None, device: Any = "cpu",
+            top_k: int = 3) -> Prediction | list[Prediction]:
+    """The class of one image, or of each image of a batch.
+
+    One image (gives one :class:`Prediction`): a path, encoded bytes, a PIL image, an
+    array (H, W) grey or (H, W, C) with C = 1 or 3, or a tensor (C, H, W).
+    A batch (gives a list of them, in order): a list or tuple of such images, an array
+    (B, H, W) or (B, H, W, C), or a tensor (B, C, H, W).
+
+    Paths, bytes, PIL images and arrays are own pictures, levels 0..255, prepared for the
+    model (:func:`capsnet.preprocess.prepare_for_model`: made MNIST-like for a digit model,
+    converted and resized for any other). Tensors are model input already: the model's
+    channels and size, float in [0, 1] (as :func:`to_model_input` and a dataset give
+    them) or uint8 levels.
 
     ``model``: None (the shipped model), a .pt / .safetensors path or a loaded model.
     Raises PreprocessError naming the first image that cannot be used.
     """
     model = load_model(model, device)
-    prepared, names = prepare_sources(images, model.config)
-    return predict_prepared(model, prepared, names, top_k)
+    sources, single = split_batch(images)
+    prepared, names = prepare_sources(sources, model.config)
+    results = predict_prepared(model, prepared, names, top_k)
+    return results[0] if single else results
 
 
 def _source_name(source: Any, index: int) -> str:

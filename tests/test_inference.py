@@ -83,15 +83,16 @@ def test_predict_fields_agree_with_the_model(model):
 
 def test_predict_accepts_paths_bytes_and_single_images(model, image_files):
     path = image_files / "shape1.png"
-    by_path = predict(path, model=model)
-    by_str = predict([str(path)], model=model)
+    by_path = predict(path, model=model)  # one image: one Prediction
+    [by_str] = predict([str(path)], model=model)  # a list: a list
     by_bytes = predict(path.read_bytes(), model=model)
-    assert by_path[0].source == str(path) and by_bytes[0].source == "<image 0>"
-    assert by_path[0].lengths == by_str[0].lengths == by_bytes[0].lengths
+    assert isinstance(by_path, Prediction) and isinstance(by_bytes, Prediction)
+    assert by_path.source == str(path) and by_bytes.source == "<image 0>"
+    assert by_path.lengths == by_str.lengths == by_bytes.lengths
 
 
 def test_predict_loads_a_checkpoint_path(small_checkpoint, image_files):
-    [result] = predict(image_files / "shape0.png", model=small_checkpoint, top_k=1)
+    result = predict(image_files / "shape0.png", model=small_checkpoint, top_k=1)
     assert result.top == [(result.digit, result.length)] and result.alternatives == []
 
 
@@ -182,7 +183,7 @@ def test_cli_predict_text(small_checkpoint, image_files, capsys):
     assert main(["predict", str(path), "--checkpoint", str(small_checkpoint),
                  "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    [expected] = predict(path, model=small_checkpoint)
+    expected = predict(path, model=small_checkpoint)
     assert f"{path}: {expected.digit}  length {expected.length:.3f}" in out
     assert "then" in out
 
@@ -203,7 +204,7 @@ def test_cli_predict_stdin(small_checkpoint, image_files, capsys, monkeypatch):
     assert main(["predict", "-", "--checkpoint", str(small_checkpoint), "--json"]) == 0
     [result] = json.loads(capsys.readouterr().out)
     assert result["source"] == "stdin"
-    assert result["digit"] == predict(data, model=small_checkpoint)[0].digit
+    assert result["digit"] == predict(data, model=small_checkpoint).digit
 
 
 def test_cli_predict_reports_bad_files_and_goes_on(small_checkpoint, image_files, tmp_path,
@@ -243,3 +244,62 @@ def test_cli_predict_without_a_model_is_one_line(tmp_path, image_files, capsys):
     err = capsys.readouterr().err
     assert err.startswith("capsnet: error: ") and "no such checkpoint" in err
     assert len(err.strip().splitlines()) == 1
+
+
+# --- one image or a batch -------------------------------------------------------------------
+
+def digit_arrays(count: int) -> np.ndarray:
+    """(count, 28, 28) uint8 MNIST-like digits from the sketches."""
+    return np.stack([prepare_image(sketch(k % 3)) for k in range(count)])
+
+
+def test_a_batch_array_is_a_list_equal_to_one_image_at_a_time(model):
+    batch = digit_arrays(3)  # (3, 28, 28)
+    results = predict(batch, model=model)
+    assert isinstance(results, list) and len(results) == 3
+    for image, result in zip(batch, results, strict=True):
+        alone = predict(image, model=model)  # (28, 28): one Prediction
+        assert isinstance(alone, Prediction)
+        assert alone.lengths == pytest.approx(result.lengths, abs=1e-6)
+    channels_last = predict(batch[..., None], model=model)  # (3, 28, 28, 1)
+    assert [r.lengths for r in channels_last] == [r.lengths for r in results]
+    assert predict(batch[0][..., None], model=model).lengths == pytest.approx(
+        results[0].lengths, abs=1e-6)
+
+
+def test_tensors_are_model_input_as_they_are(model):
+    x = to_model_input(torch.from_numpy(digit_arrays(2) // 2))  # (2, 1, 28, 28), not MNIST-like
+    with torch.no_grad():
+        out = model(x)
+    results = predict(x, model=model)  # (B, C, H, W): a list
+    assert len(results) == 2
+    for i, result in enumerate(results):
+        np.testing.assert_allclose(result.lengths, out.lengths[i].numpy(), rtol=1e-5, atol=1e-6)
+    one = predict(x[1], model=model)  # (C, H, W): one Prediction
+    assert isinstance(one, Prediction)
+    assert one.lengths == pytest.approx(results[1].lengths, abs=1e-6)
+    levels = (x * 255).round().to(torch.uint8)  # the same image as uint8 levels
+    assert predict(levels[1], model=model).lengths == one.lengths
+    assert [r.lengths for r in predict([x[0], x[1]], model=model)] == [
+        r.lengths for r in results]
+
+
+@pytest.mark.parametrize("images, expected", [
+    (torch.rand(1, 32, 32), r"expected a tensor \(C, H, W\) = \(1, 28, 28\) for this model, "
+                            r"or a batch \(B, 1, 28, 28\); got shape \(1, 32, 32\)"),
+    (torch.rand(4, 3, 28, 28), r"got shape \(3, 28, 28\)"),
+    (torch.rand(28, 28), r"expected an image tensor \(C, H, W\) or a batch \(B, C, H, W\), got "
+                         r"shape \(28, 28\)"),
+    (np.zeros((2, 2, 28, 28, 1)), r"expected an image array \(H, W\) or \(H, W, C\) or a batch "
+                                  r"\(B, H, W\) or \(B, H, W, C\), C in \(1, 3\); got shape"),
+])
+def test_a_wrong_shape_is_one_line_saying_what_is_expected(model, images, expected):
+    with pytest.raises(PreprocessError, match=expected) as error:
+        predict(images, model=model)
+    assert "\n" not in str(error.value)
+
+
+def test_the_top_level_names_are_these():
+    import capsnet as top
+
+    assert top.predict is predict and top.to_model_input is to_model_input

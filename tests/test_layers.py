@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from capsnet.layers import Decoder, DigitCaps, DynamicRouter, PrimaryCaps, squash
+from capsnet.layers.digit_caps import LazyDigitCaps
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 
@@ -98,6 +99,37 @@ def test_primary_caps_shape_and_type_major_order():
     torch.testing.assert_close(u[:, t * grid * grid + r * grid + c], expected)
 
 
+
+def test_primary_caps_on_non_square_maps_counts_its_capsules():
+    B, C, types, dim = 2, 4, 3, 5
+    layer = PrimaryCaps(C, types, dim, kernel=3, stride=2)
+    x = torch.randn(B, C, 13, 9)  # grid (13 - 3) // 2 + 1 = 6 rows, (9 - 3) // 2 + 1 = 4 columns
+    u = layer(x)  # (B, 3 * 6 * 4, 5)
+    assert layer.grid(13, 9) == (6, 4)
+    assert u.shape == (B, layer.num_capsules(13, 9), dim) == (B, types * 6 * 4, dim)
+    conv = layer.conv(x)  # (B, types*dim, 6, 4): capsule (t, r, c) is still type-major
+    t, r, c = 1, 5, 3
+    expected = squash(conv[:, t * dim:(t + 1) * dim, r, c])  # (B, dim)
+    torch.testing.assert_close(u[:, t * 6 * 4 + r * 4 + c], expected)
+
+
+def test_paper_primary_caps_count_is_1152():
+    assert PrimaryCaps(256, 32, 8, kernel=9, stride=2).num_capsules(20) == 1152
+
+
+@pytest.mark.parametrize("shape, expected", [
+    ((2, 3, 13, 13), r"expects feature maps \(B, 4, H, W\), got \(2, 3, 13, 13\)"),
+    ((4, 13, 13), r"expects feature maps \(B, 4, H, W\)"),
+    ((2, 4, 13, 2), r"needs input maps of at least 3x3, got 13x2"),
+])
+def test_primary_caps_wrong_input_is_one_line(shape, expected):
+    layer = PrimaryCaps(4, 3, 5, kernel=3, stride=2)
+    with pytest.raises(ValueError, match=expected) as error:
+        layer(torch.randn(*shape))
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="at least 3x3"):
+        layer.num_capsules(2, 9)
+
 # --- DigitCaps ----------------------------------------------------------------------------
 
 def test_digit_caps_einsum_equals_plain_loop_and_expanded_matmul():
@@ -129,6 +161,26 @@ def test_digit_caps_forward_shape_and_lengths():
     assert torch.equal(routed.activations, torch.linalg.vector_norm(v, dim=-1))
     assert len(routed.couplings) == 2 and routed.couplings[0].shape == (1, 3, 7)
 
+
+
+def test_digit_caps_wrong_capsule_count_is_one_line_naming_the_fix():
+    layer = DigitCaps(in_caps=7, in_dim=4, out_caps=3, out_dim=5, router=DynamicRouter(2))
+    with pytest.raises(ValueError, match=r"expects input capsules \(B, 7, 4\), got \(2, 9, 4\).*"
+                                         r"num_capsules") as error:
+        layer(torch.randn(2, 9, 4))
+    assert "\n" not in str(error.value)
+
+
+def test_lazy_digit_caps_reads_its_input_count_then_is_a_digit_caps():
+    torch.manual_seed(0)
+    layer = LazyDigitCaps(in_dim=4, out_caps=3, out_dim=5, router=DynamicRouter(2))
+    routed = layer(torch.randn(2, 9, 4))  # (B, I=9, 4)
+    assert type(layer) is DigitCaps and layer.W.shape == (9, 3, 5, 4)
+    assert routed.poses.shape == (2, 3, 5)
+    assert list(layer.state_dict()) == ["W"]  # the keys of a DigitCaps
+    assert 0.005 < layer.W.std().item() < 0.02  # initialised as DigitCaps does (std 0.01)
+    with pytest.raises(ValueError, match=r"\(B, 9, 4\)"):  # fixed from now on
+        layer(torch.randn(2, 8, 4))
 
 # --- Decoder ------------------------------------------------------------------------------
 

@@ -197,17 +197,17 @@ def test_predict_prepares_an_own_image_like_the_folder_reader(rgb_run, rgb_data,
     the image comes back (H, W, 3) in the display layout."""
     model = load_model(rgb_run / "best.pt")
     source = rgb_data / "test" / "dog" / "01.png"
-    [same] = predict(source, model=model)
+    same = predict(source, model=model)
     np.testing.assert_array_equal(same.image, np.moveaxis(decode_image_file(source), 0, -1))
     assert same.reconstruction.shape == (32, 32, 3) and same.reconstruction.dtype == np.uint8
     big = tmp_path / "big.png"
     with Image.open(source) as image:
         image.convert("RGBA").resize((64, 50)).save(big)
-    [resized] = predict(big, model=model)
+    resized = predict(big, model=model)
     expected = decode_image_file(big, (32, 32), 3)  # (3, 32, 32)
     np.testing.assert_array_equal(resized.image, np.moveaxis(expected, 0, -1))
     array = np.asarray(Image.open(source).convert("RGB"))  # (32, 32, 3)
-    assert predict(array, model=model)[0].lengths == pytest.approx(same.lengths)
+    assert predict(array, model=model).lengths == pytest.approx(same.lengths)
 
 
 # ---- evaluate and the pictures, at the model's input --------------------------------------

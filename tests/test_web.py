@@ -76,7 +76,7 @@ def test_predict_a_drawing(client, model):
     response = upload(client, png)
     assert response.status_code == 200
     reply = response.get_json()
-    [expected] = predict(png, model=model)
+    expected = predict(png, model=model)
     assert reply["digit"] == expected.digit
     np.testing.assert_allclose(reply["lengths"], expected.lengths, rtol=1e-6)
     assert len(reply["pose"]) == 16 and len(reply["top"]) == 3
@@ -245,7 +245,7 @@ def test_colour_model_names_classes_and_answers_in_colour(colour_model):
                     "image_size": 32, "digits": False, "has_decoder": True}
     png = colour_bar_png()
     reply = upload(client, png).get_json()
-    [expected] = predict(png, model=colour_model)
+    expected = predict(png, model=colour_model)
     assert reply["class"] == expected.class_name == COLOUR_CLASSES[reply["index"]]
     assert reply["digit"] == reply["index"] and reply["classes"] == list(COLOUR_CLASSES)
     seen = data_url_image(reply["input"])

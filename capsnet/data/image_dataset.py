@@ -1,13 +1,20 @@
-"""ImageDataset: uint8 images, grey or colour, with integer labels, held as tensors."""
+"""ImageDataset: uint8 images, grey or colour, with integer labels, held as tensors; a
+``torch.utils.data.Dataset`` of (image, label) pairs. :func:`as_image_dataset` makes one of
+your own tensors or of any map-style Dataset."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from capsnet.data.splits import stratified_split
 
 PIXEL_MAX = 255  # uint8 images: 0 (black) .. PIXEL_MAX (white); model inputs are pixel / PIXEL_MAX
 GREY_NDIM = 3  # (N, H, W)
@@ -17,13 +24,17 @@ LUMA_WEIGHTS = (0.299, 0.587, 0.114)  # RGB -> grey, ITU-R 601 (Pillow's "L" con
 
 
 @dataclass
-class ImageDataset:
+class ImageDataset(Dataset):
     """Images with integer labels.
 
     images: (N, H, W) uint8 grey, or (N, C, H, W) uint8 with C = 1 (grey) or 3 (RGB);
     labels: (N,) int64 in range(len(classes)). ``name`` is the dataset's name, e.g.
     "mnist" (the same for both splits). ``info`` holds provenance, e.g. a recorded
     train/test split or the files skipped as unreadable (see capsnet.data.folder).
+
+    As a ``torch.utils.data.Dataset``, item i is (image (C, H, W) float32 in [0, 1] as the
+    models take it, label int): a ``DataLoader`` batches them to (B, C, H, W) and (B,).
+    Training in capsnet reads the uint8 tensors whole instead (faster on any device).
     """
 
     images: torch.Tensor
@@ -52,6 +63,12 @@ class ImageDataset:
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        """(image (C, H, W) float32 in [0, 1], label) of example ``index``."""
+        from capsnet.data.augment import to_model_input  # here: augment imports this module
+
+        return to_model_input(self.images[index][None])[0], int(self.labels[index])
 
     @property
     def num_classes(self) -> int:
@@ -118,3 +135,82 @@ def display_images(images: torch.Tensor | np.ndarray) -> np.ndarray:
     if array.shape[1] == 1:
         return array[:, 0]  # (N, H, W)
     return np.ascontiguousarray(np.moveaxis(array, 1, -1))  # (N, H, W, 3)
+
+
+OWN_DATA = "own"  # the name of a dataset made of your own tensors (not a digit dataset)
+UINT8_LEVELS = 256
+
+
+def as_image_dataset(data: Any, name: str = OWN_DATA,
+                     classes: Sequence[str] | None = None) -> ImageDataset:
+    """Your own data as an ImageDataset (one taken as it is): a tuple (images, labels) or
+    any map-style ``Dataset`` of (image, label) items (read once, item by item).
+
+    images: tensors (N, H, W) or (N, C, H, W), C = 1 or 3, uint8 levels 0..255 or float in
+    [0, 1] (rounded to 8 bits: training holds images as uint8); items of a Dataset are
+    tensors (C, H, W) or (H, W), or PIL images / arrays (H, W) or (H, W, C), channels
+    last as PIL gives them. labels: class indices 0..K-1. ``classes`` names the K classes
+    (default: the Dataset's ``classes`` attribute, else "0", "1", ...). A ValueError in one
+    line says what is wrong.
+    """
+    if isinstance(data, ImageDataset):
+        return data
+    if isinstance(data, tuple) and len(data) == 2:
+        images, labels = (torch.as_tensor(np.asarray(x)) if not isinstance(x, torch.Tensor)
+                          else x for x in data)
+    elif isinstance(data, Dataset):
+        pairs = [data[i] for i in range(len(data))]
+        images = torch.stack([_channels_first(image) for image, _ in pairs])
+        labels = torch.as_tensor([int(label) for _, label in pairs])
+        classes = classes or getattr(data, "classes", None)
+    else:
+        raise ValueError(f"expected a pair (images, labels) or a torch Dataset of (image, label) "
+                         f"items, got {type(data).__name__}")
+    labels = labels.long()
+    if labels.dim() != 1 or len(labels) != len(images) or not len(labels):
+        raise ValueError(f"expected labels (N,) for images (N, ...), got {tuple(labels.shape)} "
+                         f"for {tuple(images.shape)}")
+    if labels.min() < 0:
+        raise ValueError(f"labels must be class indices 0..K-1, got {int(labels.min())}")
+    count = int(labels.max()) + 1
+    names = tuple(str(c) for c in classes) if classes else tuple(map(str, range(count)))
+    if len(names) < count:
+        raise ValueError(f"labels go up to {count - 1} but {len(names)} classes are named")
+    return ImageDataset(uint8_images(images.cpu()), labels.cpu(), names, name)
+
+
+def uint8_images(images: torch.Tensor) -> torch.Tensor:
+    """Images as uint8 levels: uint8 kept, float in [0, 1] scaled by PIXEL_MAX and rounded."""
+    if images.dtype == torch.uint8:
+        return images
+    if not images.is_floating_point():
+        if images.min() < 0 or images.max() >= UINT8_LEVELS:
+            raise ValueError(f"integer images must be levels 0..{PIXEL_MAX}")
+        return images.to(torch.uint8)
+    low, high = float(images.min()), float(images.max())
+    if low < 0 or high > 1:
+        raise ValueError(f"float images must be in [0, 1], got values in [{low:.3g}, "
+                         f"{high:.3g}]; pass uint8 levels 0..{PIXEL_MAX} instead")
+    return (images * PIXEL_MAX).round().to(torch.uint8)
+
+
+def _channels_first(image: Any) -> torch.Tensor:
+    """One Dataset item's image: a tensor (C, H, W) or (H, W) as it is; a PIL image or
+    array (H, W) or (H, W, C) moved to (C, H, W)."""
+    if isinstance(image, torch.Tensor):
+        return image
+    array = np.array(image.convert("RGB") if isinstance(image, Image.Image)
+                       and image.mode not in ("L", "RGB") else image)
+    tensor = torch.as_tensor(array)
+    return tensor.movedim(-1, 0) if tensor.dim() == GREY_NDIM else tensor  # (C, H, W)
+
+
+def held_out_split(dataset: ImageDataset, fraction: float, seed: int = 0
+                   ) -> tuple[ImageDataset, ImageDataset]:
+    """(the rest, a stratified ``fraction`` of ``dataset``): a test set for data that has
+    none, the same for every run with ``seed``."""
+    held = min(max(1, round(fraction * len(dataset))), len(dataset) - 1)
+    kept, taken = stratified_split(dataset.labels, held, seed)
+    split = dataclasses.replace(dataset, info={**dataset.info, "test_split": {
+        "seed": seed, "fraction": fraction, "indices": taken.tolist()}})
+    return split.subset(kept), split.subset(taken)

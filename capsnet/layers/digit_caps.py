@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.parameter import UninitializedParameter
 
 from capsnet.layers.router import Routed, Router
 from capsnet.layers.squash import full_precision
 
 # Standard deviation of the initial transformation matrices (as in the reference code).
 W_INIT_STD = 0.01
+CAPSULES_NDIM = 3  # (B, I, in_dim)
 
 
 class DigitCaps(nn.Module):
@@ -19,6 +22,8 @@ class DigitCaps(nn.Module):
     algorithm routes u_hat to the J capsules is the ``router``'s business (any
     :class:`~capsnet.layers.router.Router`; :class:`capsnet.models.CapsNet` builds the one
     its config names). Prediction vectors and routing run in float32, also under autocast.
+    ``in_caps`` is I (:meth:`PrimaryCaps.num_capsules`); :class:`LazyDigitCaps` reads it
+    from the first input instead.
     """
 
     def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, router: Router):
@@ -26,12 +31,46 @@ class DigitCaps(nn.Module):
         self.W = nn.Parameter(W_INIT_STD * torch.randn(in_caps, out_caps, out_dim, in_dim))
         self.router = router
 
+    def check_input(self, u: torch.Tensor) -> None:
+        """ValueError in one line unless u is (B, I, in_dim) as W was made for."""
+        in_caps, _, _, in_dim = self.W.shape
+        if u.dim() != CAPSULES_NDIM or tuple(u.shape[1:]) != (in_caps, in_dim):
+            raise ValueError(f"DigitCaps expects input capsules (B, {in_caps}, {in_dim}), got "
+                             f"{tuple(u.shape)}: give it in_caps=PrimaryCaps.num_capsules(H, W) "
+                             f"of its input maps, or use LazyDigitCaps")
+
     def predictions(self, u: torch.Tensor) -> torch.Tensor:
         """u: (B, I, in_dim) -> u_hat: (B, J, I, out_dim), output-major for the routing."""
         # contiguous: the routing reads it six times (a permuted view would be copied each time)
         return torch.einsum("ijdk,bik->bjid", self.W, u).contiguous()  # (B, 10, 1152, 16)
 
     def forward(self, u: torch.Tensor) -> Routed:
+        self.check_input(u)
         with torch.autocast(device_type=u.device.type, enabled=False):
             u_hat = self.predictions(full_precision(u))  # (B, J, I, D)
             return self.router(u_hat)  # poses (B, J, D), activations (B, J), couplings
+
+
+class LazyDigitCaps(LazyModuleMixin, DigitCaps):
+    """A :class:`DigitCaps` whose number of input capsules I is read from the first input
+    (as ``nn.LazyLinear`` reads its input features), then a plain DigitCaps. Run one batch
+    through the model before making its optimiser."""
+
+    cls_to_become = DigitCaps
+    W: UninitializedParameter
+
+    def __init__(self, in_dim: int, out_caps: int, out_dim: int, router: Router):
+        super().__init__(0, in_dim, out_caps, out_dim, router)
+        self.in_dim, self.out_caps, self.out_dim = in_dim, out_caps, out_dim
+        self.W = UninitializedParameter()
+
+    def initialize_parameters(self, u: torch.Tensor) -> None:
+        if not self.has_uninitialized_params():
+            return
+        if u.dim() != CAPSULES_NDIM or u.shape[-1] != self.in_dim:
+            raise ValueError(f"DigitCaps expects input capsules (B, I, {self.in_dim}), got "
+                             f"{tuple(u.shape)}")
+        with torch.no_grad():
+            self.W.materialize((u.shape[1], self.out_caps, self.out_dim, self.in_dim),
+                               device=u.device)
+            self.W.normal_(0.0, W_INIT_STD)  # (I, J, out_dim, in_dim)

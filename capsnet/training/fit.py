@@ -1,9 +1,12 @@
-"""The paper's recipe: classify a dataset's images (MNIST by default), select the epoch by
-validation accuracy and test once. :func:`fit` runs it through the one epoch driver."""
+"""The paper's recipe: classify a dataset's images (MNIST by default, or your own tensors),
+select the epoch by validation accuracy and test once. :func:`fit` runs it through the one
+epoch driver."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -11,7 +14,8 @@ from torch import nn
 from capsnet.config import PRESET_CROPS, conv1_stride_for, input_norm_for, make_config
 from capsnet.data.augment import center_crop, to_model_input
 from capsnet.data.datasets import FOLDER, ImageDataset, load_dataset
-from capsnet.data.folder import format_skipped_warning
+from capsnet.data.folder import DEFAULT_TEST_FRACTION, format_skipped_warning
+from capsnet.data.image_dataset import as_image_dataset, held_out_split
 from capsnet.data.splits import epoch_order, epoch_seed, stratified_split
 from capsnet.training import distributed
 from capsnet.training.distributed import World
@@ -53,12 +57,16 @@ class RunData:
                 self.train.labels[self.val_idx])
 
 
-def load_run_datasets(settings: TrainSettings, log: Log = print) -> tuple[ImageDataset,
-                                                                          ImageDataset]:
-    """The run's (train, test) datasets, at the requested size and channels. A folder is
-    decoded once (then cached) with those options; other datasets are adapted in memory."""
+Datasets = tuple[ImageDataset, ImageDataset]  # (train, test)
+
+
+def load_run_datasets(settings: TrainSettings, log: Log = print,
+                      own: Datasets | None = None) -> Datasets:
+    """The run's (train, test) datasets, at the requested size and channels: ``own`` (your
+    data, :func:`own_datasets`) or ``settings.dataset``. A folder is decoded once (then
+    cached) with those options; other datasets are adapted in memory."""
     s = settings
-    if s.dataset == FOLDER:
+    if own is None and s.dataset == FOLDER:
         # the test split carved out of a folder without test/ is the folder's own (seed 0),
         # whatever the run's seed: every run and `capsnet evaluate` test on the same images
         train, test = load_dataset(s.dataset, s.data_dir, s.download, image_size=s.image_size,
@@ -68,7 +76,7 @@ def load_run_datasets(settings: TrainSettings, log: Log = print) -> tuple[ImageD
         if warning:
             log(warning)
     else:
-        train, test = load_dataset(s.dataset, s.data_dir, s.download)
+        train, test = own or load_dataset(s.dataset, s.data_dir, s.download)
         if s.image_size is not None:
             train, test = train.resized(s.image_size), test.resized(s.image_size)
         if s.channels is not None:
@@ -76,13 +84,15 @@ def load_run_datasets(settings: TrainSettings, log: Log = print) -> tuple[ImageD
     height, width = train.image_size
     if height != width:
         raise ValueError(f"the {s.dataset} images are {height}x{width}; the model takes square "
-                         f"images: pass --image-size N to resize them")
+                         f"images: pass --image-size N (image_size=N) to resize them")
     return train, test
 
 
-def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print) -> RunData:
-    """Load the dataset, carve the validation split, apply --subset, move to ``device``."""
-    train, test = load_run_datasets(settings, log)
+def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print,
+                 own: Datasets | None = None) -> RunData:
+    """Load the dataset (or take ``own``), carve the validation split, apply --subset, move
+    to ``device``."""
+    train, test = load_run_datasets(settings, log, own)
     val_size = validation_size(settings.val_size, len(train.labels))
     train_idx, val_idx = stratified_split(train.labels, val_size, settings.seed)
     if settings.subset is not None:
@@ -120,8 +130,12 @@ class ClassifyTask(Task):
 
     name = "classify"
 
+    def __init__(self, settings: TrainSettings, own: Datasets | None = None):
+        super().__init__(settings)
+        self.own = own  # your (train, test) data instead of settings.dataset
+
     def prepare(self, device: torch.device) -> None:
-        self.data = prepare_data(self.settings, device)
+        self.data = prepare_data(self.settings, device, own=self.own)
         self.epoch_size = len(self.data.train_idx)
 
     def initialisation_images(self) -> torch.Tensor:
@@ -188,9 +202,39 @@ class ClassifyTask(Task):
         return {**results, "best": best_result.as_dict()}
 
 
-def fit(settings: TrainSettings, resume: str | None = None, argv: list[str] | None = None,
-        log: Callable[[str], None] = print) -> dict:
+def own_datasets(data: Any, test_data: Any = None) -> Datasets:
+    """(train, test) ImageDatasets of your data (:func:`capsnet.data.image_dataset.
+    as_image_dataset` takes (images, labels) or a Dataset); without ``test_data`` a
+    stratified DEFAULT_TEST_FRACTION of ``data`` is held out as the test set (seed 0, as
+    for a folder without test/: every run tests on the same images)."""
+    train = as_image_dataset(data)
+    if test_data is None:
+        return held_out_split(train, DEFAULT_TEST_FRACTION)
+    test = as_image_dataset(test_data, train.name, train.classes)
+    if test.num_classes != train.num_classes:
+        raise ValueError(f"the test data has {test.num_classes} classes, the training data "
+                         f"{train.num_classes}")
+    return train, test
+
+
+def fit(settings: TrainSettings | None = None, resume: str | None = None,
+        argv: list[str] | None = None, log: Callable[[str], None] = print, *,
+        data: Any = None, test_data: Any = None) -> dict:
     """Train as ``settings`` say (the paper's recipe by default), writing everything to
     ``settings.out_dir``; returns the results (also written to results.json). Runs under
-    torchrun as :func:`capsnet.training.runner.run_task` describes."""
-    return run_task(ClassifyTask(settings), resume, argv, log)
+    torchrun as :func:`capsnet.training.runner.run_task` describes.
+
+    The images are ``settings.dataset`` (a name or a folder), or your own ``data``: a pair
+    (images, labels), images (N, H, W) or (N, C, H, W) uint8 or float in [0, 1], or a torch
+    Dataset of (image, label) items (:func:`own_datasets`); ``test_data`` likewise, else a
+    tenth of ``data`` is held out for the test. The run then records the data's name ("own"
+    for tensors) as its dataset; resuming it needs the same ``data`` again."""
+    settings = settings or TrainSettings()
+    if not isinstance(settings, TrainSettings):
+        raise TypeError(f"fit's first argument is a TrainSettings, got "
+                        f"{type(settings).__name__}; pass your data as "
+                        f"fit(settings, data=(images, labels))")
+    own = None if data is None else own_datasets(data, test_data)
+    if own is not None:
+        settings = dataclasses.replace(settings, dataset=own[0].name)
+    return run_task(ClassifyTask(settings, own), resume, argv, log)

@@ -1,0 +1,109 @@
+"""Pretrained weights, offline and checksum-verified: one table row per trained model.
+
+    >>> from capsnet.pretrained import load_pretrained, pretrained_names
+    >>> pretrained_names()
+    ['capsnet']
+    >>> model = load_pretrained("capsnet")  # the paper CapsNet, 99.67% on the MNIST test set
+
+A weights file is read from the package (``capsnet/weights/``) or, for a model not
+shipped with it, from the user cache (``$CAPSNET_CACHE_DIR/weights``, else
+``~/.cache/capsnet/weights``); nothing is downloaded. Its SHA-256 is checked before it is
+read. The file (safetensors, ``capsnet export --format safetensors``) stores the model's
+name and config, so :func:`capsnet.loading.load_model` rebuilds the model from it alone.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from capsnet.data.sources import default_cache_dir
+from capsnet.loading import WEIGHTS_DIR, load_model
+
+CACHE_SUBDIR = "weights"
+READ_CHUNK = 1 << 20  # bytes hashed per read
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """One set of trained weights: its file, the file's SHA-256, the test accuracy it
+    scored on ``dataset``'s full test set (None: not measured) and how it was trained."""
+
+    file: str
+    sha256: str
+    test_accuracy: float | None
+    dataset: str
+    command: str
+
+
+# Adding trained weights is one row: name (as create_model takes it) -> Pretrained.
+PRETRAINED: dict[str, Pretrained] = {
+    "capsnet": Pretrained(
+        "capsnet-mnist.safetensors",
+        "7d6fd11a44de6068cca32832fb7ad1adfcefc0a342a499be48e15b54472f025d", 0.9967, "mnist",
+        "capsnet train --epochs 12 --out-dir runs/paper-cpu && capsnet train --resume "
+        "runs/paper-cpu --epochs 28 --lr-decay 0.85 && capsnet export runs/paper-cpu/last.pt "
+        "--format safetensors"),
+}
+
+
+class PretrainedError(ValueError):
+    """Pretrained weights that cannot be used (one line naming the file and what to do)."""
+
+
+def pretrained_names() -> list[str]:
+    """The names :func:`load_pretrained` takes, sorted."""
+    return sorted(PRETRAINED)
+
+
+def cache_dir() -> Path:
+    """Where weights not shipped with the package are looked for."""
+    return default_cache_dir() / CACHE_SUBDIR
+
+
+def weights_path(name: str) -> Path:
+    """The file of ``name``'s weights: shipped in the package, else in :func:`cache_dir`
+    (the shipped path when it is in neither, for the error to name)."""
+    entry = _entry(name)
+    for folder in (WEIGHTS_DIR, cache_dir()):
+        if (folder / entry.file).is_file():
+            return folder / entry.file
+    return WEIGHTS_DIR / entry.file
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(READ_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verified_weights(name: str) -> Path:
+    """``name``'s weights file after its SHA-256 is checked; PretrainedError otherwise."""
+    entry, path = _entry(name), weights_path(name)
+    if not path.is_file():
+        raise PretrainedError(f"{entry.file}: the {name!r} weights are neither in the package "
+                              f"({WEIGHTS_DIR}) nor in {cache_dir()}; put the file there "
+                              f"(or reinstall capsnet)")
+    found = file_sha256(path)
+    if found != entry.sha256:
+        raise PretrainedError(f"{path}: SHA-256 {found[:12]}... is not the expected "
+                              f"{entry.sha256[:12]}...; the file is damaged or another "
+                              f"model's: replace it with the {name!r} weights (or reinstall)")
+    return path
+
+
+def load_pretrained(name: str, device: str = "cpu") -> nn.Module:
+    """The trained model ``name`` (:func:`pretrained_names`) in eval mode on ``device``."""
+    return load_model(verified_weights(name), device)
+
+
+def _entry(name: str) -> Pretrained:
+    if name not in PRETRAINED:
+        raise PretrainedError(f"no pretrained weights named {name!r}; choose from "
+                              f"{', '.join(pretrained_names())}")
+    return PRETRAINED[name]
