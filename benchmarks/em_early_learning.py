@@ -67,7 +67,7 @@ def run_variant(variant: str, images: torch.Tensor, labels: torch.Tensor,
         batch = slice(step * args.batch_size, (step + 1) * args.batch_size)
         x, y = to_model_input(images[batch]), labels[batch]  # (B, 1, 28, 28), (B,)
         output = step_model(x, y)
-        loss = spread_loss(output.lengths, y, spread_margin(step / args.steps))
+        loss = spread_loss(output.activations, y, spread_margin(step / args.steps))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -77,7 +77,7 @@ def run_variant(variant: str, images: torch.Tensor, labels: torch.Tensor,
     with torch.no_grad():
         for first in range(val_start, val_start + val_size, EVAL_BATCH):
             last = min(first + EVAL_BATCH, val_start + val_size)
-            scores = model(to_model_input(images[first:last])).lengths
+            scores = model(to_model_input(images[first:last])).activations
             correct += (scores.argmax(1) == labels[first:last]).sum().item()
     return {"variant": variant, "iterations": iterations, "scaled_poses": scaled,
             "steps": args.steps, "batch_size": args.batch_size,

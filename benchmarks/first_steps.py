@@ -60,8 +60,8 @@ def layer_grad_norms(model: torch.nn.Module) -> dict[str, float]:
 def probe(model, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     """Capsule and routing statistics of a probe batch x (P, C, H, W), labels (P,)."""
     trace = routing_trace(model, x)
-    true = trace.lengths.gather(1, y[:, None]).squeeze(1)  # (P,)
-    others = (trace.lengths.sum(1) - true) / (trace.lengths.shape[1] - 1)  # (P,)
+    true = trace.scores.gather(1, y[:, None]).squeeze(1)  # (P,)
+    others = (trace.scores.sum(1) - true) / (trace.scores.shape[1] - 1)  # (P,)
     c = trace.couplings[:, -1]  # (P, J, I) the last iteration's couplings
     J = c.shape[1]
     entropy = -(c.clamp_min(1e-12) * c.clamp_min(1e-12).log()).sum(1)  # (P, I)

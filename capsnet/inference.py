@@ -27,7 +27,7 @@ from capsnet.config import class_names
 from capsnet.data.augment import to_model_input
 from capsnet.data.image_dataset import PIXEL_MAX, display_images
 from capsnet.loading import ModelSource, load_model
-from capsnet.models import CapsuleOutput, class_scores
+from capsnet.models import CapsuleOutput, MatrixCapsuleOutput, class_scores
 from capsnet.preprocess import ImageSource, PreprocessError, prepare_for_model
 
 # The paper's Figure 4: each pose dimension moved by -0.25 .. 0.25 in steps of 0.05.
@@ -120,10 +120,10 @@ def run_model(model: nn.Module, images: np.ndarray | torch.Tensor,
     for chunk in as_image_tensor(images).split(batch_size):
         out = model(image_batch(chunk, device))
         scores.append(class_scores(out).float())  # (b, J)
-        if isinstance(out, CapsuleOutput):
+        if isinstance(out, CapsuleOutput | MatrixCapsuleOutput):
             poses.append(out.poses.float())  # (b, J, D)
-            if out.reconstructions is not None:
-                recons.append(out.reconstructions.float())  # (b, C, H, W)
+        if isinstance(out, CapsuleOutput) and out.reconstructions is not None:
+            recons.append(out.reconstructions.float())  # (b, C, H, W)
     return (torch.cat(scores), torch.cat(poses) if poses else None,
             torch.cat(recons) if recons else None)
 
