@@ -205,17 +205,6 @@ def decode_pose(model: nn.Module, pose: torch.Tensor, digit: int) -> torch.Tenso
     return model.decoder(poses, keep)  # (N, C, H, W)
 
 
-@torch.no_grad()
-def perturb_capsule(model: nn.Module, poses: torch.Tensor, digit: int, dim: int,
-                    delta: float) -> torch.Tensor:
-    """Reconstructions (B, C, H, W) with dimension ``dim`` of capsule ``digit`` moved by
-    ``delta`` in every pose set poses (B, J, D); the other capsules are masked out."""
-    moved = poses.clone()  # (B, J, D)
-    moved[:, digit, dim] += delta
-    return model.decoder(moved, torch.full((poses.shape[0],), digit, dtype=torch.long,
-                                           device=poses.device))  # (B, C, H, W)
-
-
 def perturbation_deltas(limit: float = PERTURB_RANGE, step: float = PERTURB_STEP) -> torch.Tensor:
     """-limit, ..., 0, ..., +limit in steps of ``step`` (11 values for the paper's range)."""
     count = int(round(limit / step))

@@ -12,8 +12,6 @@ from capsnet.cli.main import main
 from capsnet.loading import load_checkpoint, model_from_checkpoint
 from capsnet.training import loop
 
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
-
 VAL_SIZE = 100
 TRAIN_SUBSET, BATCH = 200, 50  # 4 steps per epoch: seconds on a CPU
 TEST_IMAGES = 200  # in the conftest's tiny_mnist_dir

@@ -22,7 +22,6 @@ from capsnet.training.distributed import World
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT_S = 300
 ATOL = 1e-5
-THREADS = 2
 SUBSET = 300  # training images: global batches of 128, 128 and a partial 44 (22 per rank)
 
 
@@ -184,15 +183,10 @@ def _assert_same_weights(a: dict, b: dict) -> None:
 def runs(tmp_path_factory, tiny_mnist_dir):
     """One process: epoch 1, then resumed to epoch 2. Two processes: epoch 1."""
     root = tmp_path_factory.mktemp("distributed")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(min(THREADS, threads))
-    try:
-        one = root / "one"
-        fit(_settings(tiny_mnist_dir, one, epochs=1), log=lambda _: None)
-        one_epoch1 = _state(one / "last.pt")
-        fit(_settings(tiny_mnist_dir, one, epochs=2), resume=str(one), log=lambda _: None)
-    finally:
-        torch.set_num_threads(threads)
+    one = root / "one"
+    fit(_settings(tiny_mnist_dir, one, epochs=1), log=lambda _: None)
+    one_epoch1 = _state(one / "last.pt")
+    fit(_settings(tiny_mnist_dir, one, epochs=2), resume=str(one), log=lambda _: None)
     two = root / "two"
     launched = _torchrun(2, ["train", "--preset", "small", "--data-dir", str(tiny_mnist_dir),
                              "--no-download", "--epochs", "1", "--val-size", "100",
@@ -248,12 +242,7 @@ def test_resume_two_process_run_in_one_process(runs):
     assert saved["epoch"] == 1
     settings = TrainSettings.from_dict(saved["train_settings"])
     settings.epochs, settings.out_dir = 2, str(runs["root"] / "two_resumed")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(min(THREADS, threads))
-    try:
-        fit(settings, resume=str(runs["two"]), log=lambda _: None)
-    finally:
-        torch.set_num_threads(threads)
+    fit(settings, resume=str(runs["two"]), log=lambda _: None)
     _assert_same_weights(_state(runs["root"] / "two_resumed" / "last.pt"),
                          _state(runs["one"] / "last.pt"))
 
@@ -263,12 +252,7 @@ def test_two_processes_keep_the_same_ema_and_schedule_as_one(tiny_mnist_dir, tmp
     (identical) replicated weights, so the saved EMA, the trained weights and the rates
     match one process's."""
     one, two = tmp_path / "one", tmp_path / "two"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(min(THREADS, threads))
-    try:
-        fit(_settings(tiny_mnist_dir, one, epochs=1, recipe="fast"), log=lambda _: None)
-    finally:
-        torch.set_num_threads(threads)
+    fit(_settings(tiny_mnist_dir, one, epochs=1, recipe="fast"), log=lambda _: None)
     launched = _torchrun(2, ["train", "--recipe", "fast", "--preset", "small", "--data-dir",
                              str(tiny_mnist_dir), "--no-download", "--epochs", "1",
                              "--val-size", "100", "--subset", str(SUBSET), "--batch-size", "128",

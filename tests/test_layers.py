@@ -4,9 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capsnet.layers import Decoder, DigitCaps, DynamicRouter, PrimaryCaps, squash
-
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
+from capsnet.layers import Decoder, DigitCaps, PrimaryCaps, squash
+from capsnet.routing import DynamicRouter
 
 DTYPES = [torch.float32, torch.float64]
 

@@ -24,7 +24,6 @@ from capsnet.tuning.memory import (
 from tests.conftest import last_error_line
 
 fit_module = importlib.import_module("capsnet.training.fit")  # the module, not the function
-torch.set_num_threads(1)
 TOLERANCE = 0.25
 LAYERS = {"capsnet": ("conv1", "primary_caps.conv"),
           "cnn": ("features.0", "features.2", "features.4")}

@@ -28,7 +28,6 @@ from capsnet.loading import model_from_checkpoint
 from capsnet.losses import margin_loss, reconstruction_loss
 from capsnet.models import build_model
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
 TINY = dict(conv1_channels=8, primary_types=4, decoder_hidden=(16, 32))  # fast unit tests
 
 

@@ -25,7 +25,6 @@ from tests.conftest import last_error_line
 # torch 2.13 marks torch.jit.load deprecated; TorchScript export is still asked for.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 
 FAST = ["--precision", "fp32", "--conv-impl", "native"]  # no speed measurement in tests
 RGB_CLASSES = ["cat", "dog", "frog", "horse", "ship"]

@@ -21,8 +21,6 @@ from capsnet.training.loop import backward_and_step
 from capsnet.training.rng import cuda_rng_state_for, rng_state, set_rng_state
 from capsnet.training.settings import resumed_settings
 
-torch.set_num_threads(1)
-
 
 def settings(data_dir, out_dir, epochs, **extra) -> TrainSettings:
     values = dict(preset="small", data_dir=str(data_dir), download=False, epochs=epochs,
