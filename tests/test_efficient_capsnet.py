@@ -302,6 +302,7 @@ def full_run(tiny_mnist_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_train_writes_a_run_that_rebuilds_the_model(full_run):
     config = json.loads((full_run / "config.json").read_text())
     assert config["settings"]["model"] == "efficient" and config["settings"]["lr"] == 5e-4
@@ -314,6 +315,7 @@ def test_train_writes_a_run_that_rebuilds_the_model(full_run):
     assert load_checkpoint(full_run / "last.pt")["model"] == "efficient"
 
 
+@pytest.mark.slow
 def test_resume_matches_an_uninterrupted_run(tiny_mnist_dir, tmp_path):
     """Weights, Adam's moments, BatchNorm's statistics and the schedule go on as if never
     stopped (one fixed plan for both runs: a measured one may differ between them)."""
@@ -330,6 +332,7 @@ def test_resume_matches_an_uninterrupted_run(tiny_mnist_dir, tmp_path):
     assert resumed["scheduler"] == uninterrupted["scheduler"]
 
 
+@pytest.mark.slow  # with the fixture's training run
 def test_evaluate_predict_and_export(full_run, tiny_mnist_dir, tmp_path, capsys):
     capsys.readouterr()
     assert main(["evaluate", str(full_run / "best.pt"), "--no-download",

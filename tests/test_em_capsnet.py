@@ -332,6 +332,7 @@ def digit_png(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_cli_train_resume_evaluate_predict_export(tiny_mnist_dir, tmp_path, capsys):
     run = tmp_path / "em-run"
     assert main(train_command(tiny_mnist_dir, run, "--epochs", "1")) == 0
