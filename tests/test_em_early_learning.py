@@ -9,6 +9,7 @@ import pytest
 from benchmarks import em_early_learning
 
 
+@pytest.mark.slow
 def test_variants_train_and_report(tiny_mnist_dir, tmp_path, capsys):
     out = tmp_path / "early.json"
     assert em_early_learning.main([

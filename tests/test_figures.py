@@ -52,6 +52,7 @@ def test_curve_series_turns_accuracy_into_error_and_skips_empty_cells():
     assert "lr" not in series
 
 
+@pytest.mark.slow
 def test_figure_functions_write_pngs(tmp_path):
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (7, 28, 28), dtype=np.uint8)

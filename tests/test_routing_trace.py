@@ -143,6 +143,7 @@ def test_a_model_without_routing_is_refused():
         routing_trace(build_model(make_config("cnn", "small")), torch.zeros(1, 28, 28))
 
 
+@pytest.mark.slow
 def test_routing_figure_takes_grey_and_colour_inputs(trace, tmp_path):
     maps, support = trace.coupling_maps().numpy(), trace.support_maps().numpy()
     rng = np.random.default_rng(0)
@@ -281,8 +282,8 @@ def test_efficient_receptive_fields_match_the_input_gradient(image_size):
 @pytest.mark.parametrize("name, words", [
     ("efficient", ["1 routing iteration, 8 capsule types on a 1x1 primary grid",
                    "self-attention routing", "C_ij"]),
-    ("em", ["3 routing iterations, 16 capsule types on a 3x3 ConvCaps2 grid", "em routing",
-            "R_ij"]),
+    pytest.param("em", ["3 routing iterations, 16 capsule types on a 3x3 ConvCaps2 grid",
+                        "em routing", "R_ij"], marks=pytest.mark.slow),
 ])
 def test_cli_routing_of_other_models(name, words, tiny_mnist_dir, tmp_path, capsys):
     torch.manual_seed(6)
