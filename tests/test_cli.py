@@ -85,8 +85,8 @@ def test_train_writes_a_self_describing_run_directory(full_run):
     model_from_checkpoint(full_run / "best.pt", expected_model="capsnet")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model", ["capsnet", "cnn"])  # the CNN's dropout needs the saved RNG
+# the CNN's dropout needs the saved RNG
+@pytest.mark.parametrize("model", [pytest.param("capsnet", marks=pytest.mark.slow), "cnn"])
 def test_resume_matches_an_uninterrupted_run(model, tiny_mnist_dir, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     assert main(train_command(tiny_mnist_dir, full, "--model", model, "--epochs", "2")) == 0
@@ -125,7 +125,6 @@ def test_resume_continues_in_the_resumed_run_directory(tiny_mnist_dir, tmp_path,
     assert not (tmp_path / "b" / "runs").exists()
 
 
-@pytest.mark.slow
 def test_resume_may_anneal_at_a_new_rate(tiny_mnist_dir, tmp_path):
     """--lr-decay given with --resume applies from the next epoch on; the other saved settings
     (here the batch size) stay the run's own, and a later plain resume keeps the new decay."""

@@ -161,7 +161,6 @@ def test_select_without_validation_takes_the_last_epoch():
     assert state["best_epoch"] == 3
 
 
-@pytest.mark.slow
 def test_best_checkpoint_is_chosen_by_validation_not_test(tiny_mnist_dir, tmp_path, monkeypatch):
     """Plant epochs where validation and test disagree: best.pt must follow validation."""
     val_by_epoch = {1: 0.50, 2: 0.90, 3: 0.70}
