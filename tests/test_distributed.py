@@ -200,10 +200,12 @@ def runs(tmp_path_factory, tiny_mnist_dir):
             "stdout": launched.stdout, "tiny": tiny_mnist_dir}
 
 
+@pytest.mark.slow  # two processes launched by torchrun
 def test_two_processes_train_the_same_weights_as_one(runs):
     _assert_same_weights(_state(runs["two"] / "last.pt"), runs["one_epoch1"])
 
 
+@pytest.mark.slow  # two processes launched by torchrun
 def test_two_process_metrics_are_reduced_over_ranks(runs):
     one, two = _rows(runs["one"])[0], _rows(runs["two"])[0]
     assert float(two["train_loss"]) == pytest.approx(float(one["train_loss"]), abs=ATOL)
@@ -212,6 +214,7 @@ def test_two_process_metrics_are_reduced_over_ranks(runs):
     assert float(two["val_accuracy"]) == pytest.approx(float(one["val_accuracy"]))
 
 
+@pytest.mark.slow  # two processes launched by torchrun
 def test_only_rank_zero_logs_and_writes(runs):
     two, stdout = runs["two"], runs["stdout"]
     assert stdout.count("epoch 1 |") == 1
@@ -223,6 +226,7 @@ def test_only_rank_zero_logs_and_writes(runs):
     assert not list(two.glob(".*.tmp"))  # no half-written checkpoint left behind
 
 
+@pytest.mark.slow  # two processes launched by torchrun
 def test_two_process_checkpoint_evaluates_in_one_process(runs, capsys):
     capsys.readouterr()
     code = main(["evaluate", str(runs["two"] / "best.pt"), "--data-dir", str(runs["tiny"]),
@@ -235,6 +239,7 @@ def test_two_process_checkpoint_evaluates_in_one_process(runs, capsys):
     assert report["accuracy"] == pytest.approx(results["best"]["accuracy"])
 
 
+@pytest.mark.slow  # two processes launched by torchrun
 def test_resume_two_process_run_in_one_process(runs):
     """The two-process checkpoint of epoch 1, continued in one process, ends where the
     one-process run ends after epoch 2: the global order does not depend on the world size."""
@@ -247,6 +252,7 @@ def test_resume_two_process_run_in_one_process(runs):
                          _state(runs["one"] / "last.pt"))
 
 
+@pytest.mark.slow  # two processes launched by torchrun
 def test_two_processes_keep_the_same_ema_and_schedule_as_one(tiny_mnist_dir, tmp_path):
     """The fast recipe under DDP: every rank steps the per-step schedule and averages the
     (identical) replicated weights, so the saved EMA, the trained weights and the rates

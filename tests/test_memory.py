@@ -45,6 +45,7 @@ def test_the_estimate_is_within_25_percent_of_the_measured_peak(model, precision
     check(model, "small", batch, precision, impl)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [{}, {"image_size": 32, "in_channels": 3}])
 @pytest.mark.parametrize("precision, impl", [("fp32", "gemm"), ("bf16", "gemm"),
                                              ("bf16", "native")])

@@ -138,6 +138,7 @@ def test_one_epoch_trains_and_the_metric_is_a_fraction():
     assert (chosen[:, 0] != chosen[:, 1]).all()
 
 
+@pytest.mark.slow
 def test_multimnist_cli_train_evaluate_figure(tiny_mnist_dir, tmp_path, capsys):
     data = ["--data-dir", str(tiny_mnist_dir), "--no-download"]
     run = tmp_path / "mm"

@@ -237,6 +237,7 @@ def test_evaluate_on_other_classes_is_refused(rgb_run, tmp_path, capsys):
     assert "are not the model's (cat, dog, frog, horse, ship)" in last_error_line(capsys)
 
 
+@pytest.mark.slow
 def test_reconstruct_manipulate_routing_draw_in_colour(rgb_run, rgb_data, tmp_path, capsys):
     ckpt, data = str(rgb_run / "best.pt"), ["--data-dir", str(rgb_data), *FAST]
     recon, manip, routing = tmp_path / "r.png", tmp_path / "m.png", tmp_path / "routing.png"
