@@ -16,7 +16,7 @@ by name, with trained weights create_model, list_models, load_pretrained,
                               pretrained_names, load_model (a checkpoint or weights file)
 layers                        squash, PrimaryCaps, DigitCaps, LazyDigitCaps, Decoder, the
                               routers (Router, Routed, DynamicRouter, EMRouter,
-                              InvertedAttentionRouter, SelfAttentionRouter), dynamic_routing
+                              InvertedAttentionRouter, SelfAttentionRouter)
 losses                        margin_loss, reconstruction_loss, capsule_loss, spread_loss,
                               model_loss
 using a model                 predict, Prediction, to_model_input, prepare_for_model
@@ -49,9 +49,9 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("load_pretrained", "pretrained_names"), "capsnet.pretrained"),
     "load_model": "capsnet.loading",
     # layers
-    **dict.fromkeys(("squash", "PrimaryCaps", "DigitCaps", "Decoder", "Router", "Routed",
-                     "DynamicRouter", "EMRouter", "InvertedAttentionRouter",
-                     "SelfAttentionRouter", "dynamic_routing"), "capsnet.layers"),
+    **dict.fromkeys(("squash", "PrimaryCaps", "DigitCaps", "Decoder"), "capsnet.layers"),
+    **dict.fromkeys(("Router", "Routed", "DynamicRouter", "EMRouter", "InvertedAttentionRouter",
+                     "SelfAttentionRouter"), "capsnet.routing"),
     "LazyDigitCaps": "capsnet.layers.digit_caps",
     # losses
     **dict.fromkeys(("margin_loss", "reconstruction_loss", "capsule_loss", "spread_loss",

@@ -38,7 +38,7 @@ class CapsNetConfig:
     primary_stride: int = 2
     digit_dim: int = 16
     # The routing algorithm from primary to digit capsules, by its registered name
-    # (capsnet.layers.router.ROUTERS): 'dynamic' (the paper's Procedure 1) or
+    # (capsnet.routing.ROUTERS): 'dynamic' (the paper's Procedure 1) or
     # 'inverted-attention' (Tsai et al. 2020). Checkpoints without the field are 'dynamic'.
     routing: str = "dynamic"
     routing_iterations: int = 3
@@ -70,7 +70,7 @@ class CapsNetConfig:
                 f"(--image-size N resizes the images)")
         if self.routing_iterations < 1:
             raise ValueError("routing_iterations must be at least 1")
-        from capsnet.layers import capsnet_routers  # here: the layers import this module
+        from capsnet.routing import capsnet_routers  # here: the layers import this module
 
         if self.routing not in capsnet_routers():
             raise ValueError(f"unknown routing {self.routing!r} for CapsNet; choose from "

@@ -21,7 +21,14 @@ from torch import nn
 
 from capsnet.config import class_names, config_to_dict
 from capsnet.loading import WEIGHTS_FORMAT, WEIGHTS_SUFFIX, load_checkpoint, load_model
-from capsnet.models import CapsNet, CapsuleOutput, EfficientCapsNet, EMCapsNet, model_name_of
+from capsnet.models import (
+    CapsNet,
+    CapsuleOutput,
+    EfficientCapsNet,
+    EMCapsNet,
+    MatrixCapsuleOutput,
+    model_name_of,
+)
 
 FORMATS = ("onnx", "torchscript")
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".ts.pt"}  # default file names: <stem><suffix>
@@ -51,10 +58,12 @@ class InferenceModel(nn.Module):
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self.model(images)
+        if isinstance(out, MatrixCapsuleOutput):
+            return (out.activations,)  # (B, J)
         if not isinstance(out, CapsuleOutput):
             return (torch.softmax(out, dim=-1),)  # (B, J)
         if out.reconstructions is None:
-            return (out.lengths,)  # (B, J) lengths, or class activations for EMCapsNet
+            return (out.lengths,)  # (B, J)
         return out.lengths, out.reconstructions  # (B, J), (B, C, H, W)
 
 

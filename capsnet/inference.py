@@ -27,7 +27,7 @@ from capsnet.config import class_names
 from capsnet.data.augment import to_model_input
 from capsnet.data.image_dataset import CHANNEL_COUNTS, PIXEL_MAX, display_images
 from capsnet.loading import ModelSource, load_model
-from capsnet.models import CapsuleOutput, class_scores
+from capsnet.models import CapsuleOutput, MatrixCapsuleOutput, class_scores
 from capsnet.preprocess import ImageSource, PreprocessError, prepare_for_model
 
 # The paper's Figure 4: each pose dimension moved by -0.25 .. 0.25 in steps of 0.05.
@@ -121,10 +121,10 @@ def run_model(model: nn.Module, images: np.ndarray | torch.Tensor,
     for chunk in as_image_tensor(images).split(batch_size):
         out = model(image_batch(chunk, device))
         scores.append(class_scores(out).float())  # (b, J)
-        if isinstance(out, CapsuleOutput):
+        if isinstance(out, CapsuleOutput | MatrixCapsuleOutput):
             poses.append(out.poses.float())  # (b, J, D)
-            if out.reconstructions is not None:
-                recons.append(out.reconstructions.float())  # (b, C, H, W)
+        if isinstance(out, CapsuleOutput) and out.reconstructions is not None:
+            recons.append(out.reconstructions.float())  # (b, C, H, W)
     return (torch.cat(scores), torch.cat(poses) if poses else None,
             torch.cat(recons) if recons else None)
 
@@ -261,17 +261,6 @@ def decode_pose(model: nn.Module, pose: torch.Tensor, digit: int) -> torch.Tenso
     poses[:, digit] = pose
     keep = torch.full((N,), digit, device=pose.device, dtype=torch.long)  # (N,)
     return model.decoder(poses, keep)  # (N, C, H, W)
-
-
-@torch.no_grad()
-def perturb_capsule(model: nn.Module, poses: torch.Tensor, digit: int, dim: int,
-                    delta: float) -> torch.Tensor:
-    """Reconstructions (B, C, H, W) with dimension ``dim`` of capsule ``digit`` moved by
-    ``delta`` in every pose set poses (B, J, D); the other capsules are masked out."""
-    moved = poses.clone()  # (B, J, D)
-    moved[:, digit, dim] += delta
-    return model.decoder(moved, torch.full((poses.shape[0],), digit, dtype=torch.long,
-                                           device=poses.device))  # (B, C, H, W)
 
 
 def perturbation_deltas(limit: float = PERTURB_RANGE, step: float = PERTURB_STEP) -> torch.Tensor:

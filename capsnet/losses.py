@@ -73,5 +73,5 @@ def model_loss(output, images: torch.Tensor, labels: torch.Tensor,
     if isinstance(output, torch.Tensor):
         return F.cross_entropy(output.float(), labels)
     if getattr(output, "loss_name", "margin") == "spread":  # models.em_capsnet
-        return spread_loss(output.lengths.float(), labels, spread_margin(run_fraction))
+        return spread_loss(output.activations.float(), labels, spread_margin(run_fraction))
     return capsule_loss(output, images, labels, reconstruction_weight)

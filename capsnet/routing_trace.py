@@ -21,7 +21,7 @@ registered by the model's class): the votes for the class capsules, the children
 activations where the router takes them, their strengths, the router and where the children
 sit (:class:`Children`: types on a grid, receptive fields). The trace runs the model's own
 layers under ``torch.no_grad()`` in the model's compute precision, so its ``v`` and
-``lengths`` are the model's outputs and its couplings the router's own
+``scores`` are the model's outputs and its couplings the router's own
 (``Routed.couplings``); the model itself is neither changed nor slowed (training never
 calls this).
 
@@ -41,10 +41,10 @@ from torch import nn
 
 from capsnet.config import CapsNetConfig
 from capsnet.data.augment import to_model_input
-from capsnet.layers.router import Router
 from capsnet.layers.squash import full_precision
 from capsnet.models import CapsNet, EfficientCapsNet, EMCapsNet, unwrap
 from capsnet.models.precision import autocast_to
+from capsnet.routing import Router
 
 TYPE_MAJOR, POSITION_MAJOR = "type-major", "position-major"
 
@@ -81,14 +81,14 @@ class RoutingTrace:
     # without such a quantity (Router.agreements)
     agreements: torch.Tensor | None
     v: torch.Tensor  # (B, J, D) output poses: the model's own
-    lengths: torch.Tensor  # (B, J) the class scores (capsule lengths, EM activations)
+    scores: torch.Tensor  # (B, J) the class scores (capsule lengths, EM activations)
     strengths: torch.Tensor  # (B, I) the children's lengths (vector capsules) or activations
     u_hat_norms: torch.Tensor  # (B, J, I) |u_hat_j|i|, the length of each vote
     # (B, J, I) what a vote weighs in its parent besides its coupling: its length |u_hat|
     # for vector capsules, the child's activation a_i for EM (r_ij = R_ij a_i)
     vote_weights: torch.Tensor
     children: Children
-    routing: str = "dynamic"  # the router's name (capsnet.layers.router.ROUTERS)
+    routing: str = "dynamic"  # the router's name (capsnet.routing.ROUTERS)
     coupling_symbol: str = "c"  # Router.coupling_symbol
     coupling_meaning: str = ""  # Router.coupling_meaning
 
@@ -217,7 +217,7 @@ def _efficient(model: EfficientCapsNet, x: torch.Tensor) -> ClassLayer:
     with autocast_to(x.device, model.compute_dtype):
         u = model.primary_caps(model.features(x))  # (B, I, 8) float32, position-major
     with torch.autocast(device_type=x.device.type, enabled=False):
-        u_hat = model.class_caps.votes(full_precision(u))  # (B, J, I, D)
+        u_hat = model.class_caps.predictions(full_precision(u))  # (B, J, I, D)
     layers = [*zip(cfg.conv_kernels, cfg.conv_strides, strict=True), (cfg.primary_kernel, 1)]
     children = Children(cfg.conv_channels[-1] // cfg.primary_dim, cfg.primary_grid,
                         POSITION_MAJOR, *stack_fields(layers, cfg.primary_grid), "primary",
@@ -254,7 +254,7 @@ def routing_trace(model: nn.Module, images: torch.Tensor) -> RoutingTrace:
     Efficient-CapsNet or the EM model) for ``images``: float (B, C, H, W) in [0, 1] as the
     model takes them, or uint8 (B, H, W) / (B, C, H, W).
 
-    ``v`` and ``lengths`` equal the model's outputs for the same batch. Raises ValueError
+    ``v`` and ``scores`` equal the model's outputs for the same batch. Raises ValueError
     for a model without routing.
     """
     model = unwrap(model)
@@ -273,7 +273,7 @@ def routing_trace(model: nn.Module, images: torch.Tensor) -> RoutingTrace:
         couplings=torch.stack(routed.couplings, dim=1).float(),  # (B, R, J, I)
         agreements=None if agreements is None else torch.stack(agreements, dim=1).float(),
         v=routed.poses,  # (B, J, D)
-        lengths=routed.activations,  # (B, J)
+        scores=routed.activations,  # (B, J)
         strengths=layer.strengths.float(),  # (B, I)
         u_hat_norms=norms,
         vote_weights=weights.float(),

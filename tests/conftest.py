@@ -11,13 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-from capsnet.data.idx import write_idx
+from tests.helpers import write_idx
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST_DIR = Path(os.environ.get("CAPSNET_TEST_MNIST_DIR",
                                 REPO.parent / "shared" / "data" / "mnist"))
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+# The one place the tests set torch's thread count, here at import, before any test module
+# is collected: one intra-op thread per test process (several processes share the cores,
+# and two threads per process on a busy 2-core machine run several times slower).
+TEST_THREADS = 1
+torch.set_num_threads(TEST_THREADS)
 
 
 def mnist_available() -> bool:
@@ -69,20 +75,9 @@ def small_checkpoint(tmp_path_factory, tiny_mnist_dir) -> Path:
     from capsnet.training import TrainSettings, fit
 
     out = tmp_path_factory.mktemp("small_run")
-    torch.set_num_threads(min(2, torch.get_num_threads()))
     fit(TrainSettings(preset="small", data_dir=str(tiny_mnist_dir), download=False, epochs=2,
                       val_size=100, out_dir=str(out), progress=False), log=lambda _: None)
     return out / "best.pt"
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _one_torch_thread():
-    """One intra-op thread per test process: on a busy 2-core machine two threads per
-    process oversubscribe the cores and run several times slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 LOOPBACK = "127.0.0.1"

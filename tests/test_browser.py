@@ -30,8 +30,6 @@ if not CHROMIUM.exists():
     pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
-
 
 def serve(model):
     """A running demo server for ``model``: yields its URL, stops it afterwards."""

@@ -19,8 +19,6 @@ from capsnet.models import build_model
 from capsnet.training import checkpoint as ckpt
 from capsnet.training.checkpoint import atomic_copy, atomic_torch_save, save_checkpoint
 
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
-
 
 def small(name: str = "capsnet", **overrides) -> nn.Module:
     torch.manual_seed(0)

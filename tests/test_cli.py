@@ -12,8 +12,6 @@ from capsnet.cli.main import main
 from capsnet.loading import load_checkpoint, model_from_checkpoint
 from capsnet.training import loop
 
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
-
 VAL_SIZE = 100
 TRAIN_SUBSET, BATCH = 200, 50  # 4 steps per epoch: seconds on a CPU
 TEST_IMAGES = 200  # in the conftest's tiny_mnist_dir
@@ -87,7 +85,8 @@ def test_train_writes_a_self_describing_run_directory(full_run):
     model_from_checkpoint(full_run / "best.pt", expected_model="capsnet")
 
 
-@pytest.mark.parametrize("model", ["capsnet", "cnn"])  # the CNN's dropout needs the saved RNG
+# the CNN's dropout needs the saved RNG
+@pytest.mark.parametrize("model", [pytest.param("capsnet", marks=pytest.mark.slow), "cnn"])
 def test_resume_matches_an_uninterrupted_run(model, tiny_mnist_dir, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     assert main(train_command(tiny_mnist_dir, full, "--model", model, "--epochs", "2")) == 0

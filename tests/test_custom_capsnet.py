@@ -8,8 +8,6 @@ from torch import nn
 
 import capsnet
 
-torch.set_num_threads(1)
-
 CLASSES, CHANNELS, HEIGHT, WIDTH = 5, 3, 64, 48
 STEPS, BATCH = 30, 16
 

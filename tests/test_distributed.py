@@ -22,7 +22,6 @@ from capsnet.training.distributed import World
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT_S = 300
 ATOL = 1e-5
-THREADS = 2
 SUBSET = 300  # training images: global batches of 128, 128 and a partial 44 (22 per rank)
 
 
@@ -184,15 +183,10 @@ def _assert_same_weights(a: dict, b: dict) -> None:
 def runs(tmp_path_factory, tiny_mnist_dir):
     """One process: epoch 1, then resumed to epoch 2. Two processes: epoch 1."""
     root = tmp_path_factory.mktemp("distributed")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(min(THREADS, threads))
-    try:
-        one = root / "one"
-        fit(_settings(tiny_mnist_dir, one, epochs=1), log=lambda _: None)
-        one_epoch1 = _state(one / "last.pt")
-        fit(_settings(tiny_mnist_dir, one, epochs=2), resume=str(one), log=lambda _: None)
-    finally:
-        torch.set_num_threads(threads)
+    one = root / "one"
+    fit(_settings(tiny_mnist_dir, one, epochs=1), log=lambda _: None)
+    one_epoch1 = _state(one / "last.pt")
+    fit(_settings(tiny_mnist_dir, one, epochs=2), resume=str(one), log=lambda _: None)
     two = root / "two"
     launched = _torchrun(2, ["train", "--preset", "small", "--data-dir", str(tiny_mnist_dir),
                              "--no-download", "--epochs", "1", "--val-size", "100",
@@ -206,10 +200,12 @@ def runs(tmp_path_factory, tiny_mnist_dir):
             "stdout": launched.stdout, "tiny": tiny_mnist_dir}
 
 
+@pytest.mark.slow  # two processes launched by torchrun
 def test_two_processes_train_the_same_weights_as_one(runs):
     _assert_same_weights(_state(runs["two"] / "last.pt"), runs["one_epoch1"])
 
 
+@pytest.mark.slow  # two processes launched by torchrun
 def test_two_process_metrics_are_reduced_over_ranks(runs):
     one, two = _rows(runs["one"])[0], _rows(runs["two"])[0]
     assert float(two["train_loss"]) == pytest.approx(float(one["train_loss"]), abs=ATOL)
@@ -218,6 +214,7 @@ def test_two_process_metrics_are_reduced_over_ranks(runs):
     assert float(two["val_accuracy"]) == pytest.approx(float(one["val_accuracy"]))
 
 
+@pytest.mark.slow  # two processes launched by torchrun
 def test_only_rank_zero_logs_and_writes(runs):
     two, stdout = runs["two"], runs["stdout"]
     assert stdout.count("epoch 1 |") == 1
@@ -229,6 +226,7 @@ def test_only_rank_zero_logs_and_writes(runs):
     assert not list(two.glob(".*.tmp"))  # no half-written checkpoint left behind
 
 
+@pytest.mark.slow  # two processes launched by torchrun
 def test_two_process_checkpoint_evaluates_in_one_process(runs, capsys):
     capsys.readouterr()
     code = main(["evaluate", str(runs["two"] / "best.pt"), "--data-dir", str(runs["tiny"]),
@@ -241,6 +239,7 @@ def test_two_process_checkpoint_evaluates_in_one_process(runs, capsys):
     assert report["accuracy"] == pytest.approx(results["best"]["accuracy"])
 
 
+@pytest.mark.slow  # two processes launched by torchrun
 def test_resume_two_process_run_in_one_process(runs):
     """The two-process checkpoint of epoch 1, continued in one process, ends where the
     one-process run ends after epoch 2: the global order does not depend on the world size."""
@@ -248,27 +247,18 @@ def test_resume_two_process_run_in_one_process(runs):
     assert saved["epoch"] == 1
     settings = TrainSettings.from_dict(saved["train_settings"])
     settings.epochs, settings.out_dir = 2, str(runs["root"] / "two_resumed")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(min(THREADS, threads))
-    try:
-        fit(settings, resume=str(runs["two"]), log=lambda _: None)
-    finally:
-        torch.set_num_threads(threads)
+    fit(settings, resume=str(runs["two"]), log=lambda _: None)
     _assert_same_weights(_state(runs["root"] / "two_resumed" / "last.pt"),
                          _state(runs["one"] / "last.pt"))
 
 
+@pytest.mark.slow  # two processes launched by torchrun
 def test_two_processes_keep_the_same_ema_and_schedule_as_one(tiny_mnist_dir, tmp_path):
     """The fast recipe under DDP: every rank steps the per-step schedule and averages the
     (identical) replicated weights, so the saved EMA, the trained weights and the rates
     match one process's."""
     one, two = tmp_path / "one", tmp_path / "two"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(min(THREADS, threads))
-    try:
-        fit(_settings(tiny_mnist_dir, one, epochs=1, recipe="fast"), log=lambda _: None)
-    finally:
-        torch.set_num_threads(threads)
+    fit(_settings(tiny_mnist_dir, one, epochs=1, recipe="fast"), log=lambda _: None)
     launched = _torchrun(2, ["train", "--recipe", "fast", "--preset", "small", "--data-dir",
                              str(tiny_mnist_dir), "--no-download", "--epochs", "1",
                              "--val-size", "100", "--subset", str(SUBSET), "--batch-size", "128",

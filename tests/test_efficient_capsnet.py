@@ -22,15 +22,13 @@ from capsnet.config import (
     make_config,
 )
 from capsnet.layers.exp_squash import exp_squash
-from capsnet.layers.router import ROUTERS, router_class
-from capsnet.layers.self_attention_routing import SelfAttentionRouter
 from capsnet.loading import load_checkpoint, model_from_checkpoint
 from capsnet.losses import model_loss
 from capsnet.models import EfficientCapsNet, build_model, count_parameters, model_name_of
+from capsnet.routing import ROUTERS, SelfAttentionRouter, router_class
 from capsnet.training.checkpoint import save_checkpoint
 from capsnet.tuning.memory import estimate_training_memory
-
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
+from tests.helpers_routing import self_attention_reference
 
 # The paper's Table 1 / the public code's model summary: 161,824 trainable parameters.
 PAPER_PARAMETERS = 161_824
@@ -109,7 +107,7 @@ def test_shapes_through_every_layer(B):
     assert h.shape == (B, 128, 9, 9)
     u = model.primary_caps(h)
     assert u.shape == (B, 16, 8) and u.dtype == torch.float32
-    assert model.class_caps.votes(u).shape == (B, 10, 16, 16)
+    assert model.class_caps.predictions(u).shape == (B, 10, 16, 16)
     out = model(x, y)
     assert out.poses.shape == (B, 10, 16) and out.lengths.shape == (B, 10)
     assert out.reconstructions.shape == (B, 1, 28, 28)
@@ -159,36 +157,6 @@ def test_exp_squash_gradient_is_the_identity_at_zero_and_finite_for_huge_vectors
 
 # --- self-attention routing -----------------------------------------------------------------
 
-def slow_self_attention_routing(u_hat: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor,
-                                                                                torch.Tensor]:
-    """The paper's equations one scalar at a time, in float64: for each example and parent j,
-    A_j = U_j U_j^T / sqrt(D); each child's logit is the sum of its row of A_j; C is the
-    softmax of the logits over the parents; s_j = sum_i (C_ji + B_ji) u_hat_j|i;
-    v_j = (1 - e^-|s_j|) s_j / |s_j|. Returns v (B, J, D) and C (B, J, I)."""
-    u_hat, b = u_hat.double(), b.double()
-    B, J, I, D = u_hat.shape
-    v, c = torch.zeros(B, J, D, dtype=torch.float64), torch.zeros(B, J, I, dtype=torch.float64)
-    for n in range(B):
-        logits = torch.zeros(J, I, dtype=torch.float64)
-        for j in range(J):
-            A = torch.zeros(I, I, dtype=torch.float64)
-            for i in range(I):
-                for k in range(I):
-                    A[i, k] = sum(u_hat[n, j, i, d] * u_hat[n, j, k, d] for d in range(D))
-            A = A / math.sqrt(D)
-            for i in range(I):
-                logits[j, i] = sum(A[i, k] for k in range(I))
-        for i in range(I):
-            total = sum(math.exp(logits[j, i]) for j in range(J))
-            for j in range(J):
-                c[n, j, i] = math.exp(logits[j, i]) / total
-        for j in range(J):
-            s = sum((c[n, j, i] + b[j, i]) * u_hat[n, j, i] for i in range(I))
-            length = math.sqrt(sum(x * x for x in s.tolist()))
-            v[n, j] = (1 - math.exp(-length)) * s / length
-    return v, c
-
-
 def test_self_attention_routing_equals_the_slow_loop_of_the_papers_equations():
     torch.manual_seed(0)
     B, J, I, D = 2, 4, 5, 6
@@ -197,7 +165,8 @@ def test_self_attention_routing_equals_the_slow_loop_of_the_papers_equations():
         router.b.normal_(0, 0.3)  # nonzero log priors: B must enter after the softmax
     u_hat = torch.randn(B, J, I, D, dtype=torch.float64) * 0.5
     routed = router.double()(u_hat)
-    v, c = slow_self_attention_routing(u_hat, router.b.detach())
+    expected = self_attention_reference(u_hat, router.b.detach())
+    v, c = expected.poses, expected.couplings[0]
     torch.testing.assert_close(routed.poses, v)
     torch.testing.assert_close(routed.couplings[0], c)
     torch.testing.assert_close(routed.activations, v.norm(dim=-1))
@@ -333,6 +302,7 @@ def full_run(tiny_mnist_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_train_writes_a_run_that_rebuilds_the_model(full_run):
     config = json.loads((full_run / "config.json").read_text())
     assert config["settings"]["model"] == "efficient" and config["settings"]["lr"] == 5e-4
@@ -345,6 +315,7 @@ def test_train_writes_a_run_that_rebuilds_the_model(full_run):
     assert load_checkpoint(full_run / "last.pt")["model"] == "efficient"
 
 
+@pytest.mark.slow
 def test_resume_matches_an_uninterrupted_run(tiny_mnist_dir, tmp_path):
     """Weights, Adam's moments, BatchNorm's statistics and the schedule go on as if never
     stopped (one fixed plan for both runs: a measured one may differ between them)."""
@@ -361,6 +332,7 @@ def test_resume_matches_an_uninterrupted_run(tiny_mnist_dir, tmp_path):
     assert resumed["scheduler"] == uninterrupted["scheduler"]
 
 
+@pytest.mark.slow  # with the fixture's training run
 def test_evaluate_predict_and_export(full_run, tiny_mnist_dir, tmp_path, capsys):
     capsys.readouterr()
     assert main(["evaluate", str(full_run / "best.pt"), "--no-download",

@@ -20,8 +20,6 @@ from capsnet.losses import capsule_loss
 from capsnet.models import CapsuleOutput, EfficientCapsNet
 from capsnet.models.efficient_capsnet import BN_EPS
 
-torch.set_num_threads(1)
-
 EPS = 10e-21  # utils/layers.py:72, Squash.__init__(self, eps=10e-21)
 KERAS_EPSILON = 1e-7  # tf.keras.backend.epsilon(), used by Length (utils/layers.py:218)
 KERAS_BN_EPSILON = 1e-3  # BatchNormalization(epsilon=0.001), Keras' default

@@ -1,16 +1,17 @@
-"""EM routing (Hinton et al. 2018, Procedure 1) against a slow loop-by-loop reference, and one
-test per known pitfall of reimplementations (docs/models-em.md lists them)."""
+"""EM routing (Hinton et al. 2018, Procedure 1) against the slow loop-by-loop reference
+(tests/helpers_routing.py), and one test per known pitfall of reimplementations
+(docs/models-em.md lists them)."""
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 
 import numpy as np
 import pytest
 import torch
 
-from capsnet.layers.em_routing import (
-    ASSIGNED_FLOOR,
+from capsnet.layers.matrix_caps import window_children
+from capsnet.routing import ROUTERS, router_class
+from capsnet.routing.em import (
     VARIANCE_EPS,
     EMRouter,
     MStep,
@@ -21,85 +22,10 @@ from capsnet.layers.em_routing import (
     normalise_over_parents,
     parents_per_child,
 )
-from capsnet.layers.matrix_caps import window_children
-from capsnet.layers.router import ROUTERS, router_class
 from tests import ibm_em_routing as ibm
-
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
+from tests.helpers_routing import em_reference
 
 B, D = 2, 16  # examples, pose entries (4x4)
-
-
-# ----------------------------------------------------------------------------------------
-# The slow reference: Procedure 1 literally, for ONE example, with Python loops over i, j, h
-# and the Gaussian density itself (not its log): obviously right on small, tame inputs.
-# ----------------------------------------------------------------------------------------
-
-def procedure_1(V: list, a: list, children: list, beta_u: list, beta_a: list,
-                lambdas: list[float], eps: float = VARIANCE_EPS) -> tuple[list, list, list]:
-    """V[j][k][h] votes, a[n] child activations, children[j][k] the child in parent j's slot
-    k, beta_u[j], beta_a[j] per parent. Returns mu[j][h], a_out[j] and the R[j][k] of each
-    iteration's M-step."""
-    J, K = len(V), len(V[0])
-    H = len(V[0][0])
-    parents_of = defaultdict(list)  # child -> its parents' slots (j, k)
-    for j in range(J):
-        for k in range(K):
-            parents_of[children[j][k]].append((j, k))
-    # for all i, j: R_ij <- 1 / (number of parents of i)
-    R = [[1.0 / len(parents_of[children[j][k]]) for k in range(K)] for j in range(J)]
-    history = []
-    for t, lam in enumerate(lambdas):
-        history.append([row[:] for row in R])
-        mu, var, a_out = [], [], []
-        for j in range(J):  # M-step
-            r = [R[j][k] * a[children[j][k]] for k in range(K)]  # R_ij <- R_ij a_i
-            total = sum(r)
-            norm = max(total, ASSIGNED_FLOOR)
-            mu_j = [sum(r[k] * V[j][k][h] for k in range(K)) / norm for h in range(H)]
-            var_j = [sum(r[k] * (V[j][k][h] - mu_j[h]) ** 2 for k in range(K)) / norm + eps
-                     for h in range(H)]
-            cost = sum((beta_u[j] + math.log(math.sqrt(var_j[h]))) * total for h in range(H))
-            a_out.append(1.0 / (1.0 + math.exp(-lam * (beta_a[j] - cost))))
-            mu.append(mu_j)
-            var.append(var_j)
-        if t == len(lambdas) - 1:
-            return mu, a_out, history
-        p = [[0.0] * K for _ in range(J)]  # E-step
-        for j in range(J):
-            for k in range(K):
-                density = 1.0
-                for h in range(H):
-                    density *= math.exp(-(V[j][k][h] - mu[j][h]) ** 2 / (2 * var[j][h])) \
-                        / math.sqrt(2 * math.pi * var[j][h])
-                p[j][k] = density
-        for slots in parents_of.values():  # R_ij <- a_j p_ij / sum over all parents of i
-            z = sum(a_out[j] * p[j][k] for j, k in slots)
-            for j, k in slots:
-                R[j][k] = a_out[j] * p[j][k] / z
-    raise AssertionError("no iterations")
-
-
-def reference(router: EMRouter, votes: torch.Tensor, activations: torch.Tensor,
-              children: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-    """procedure_1 on each example: (mu (B, J, D), a (B, J), R per iteration (B, J, K))."""
-    _, J, K, _ = votes.shape
-    if children is None:
-        children = torch.arange(K).expand(J, K)
-    types = router.beta_u.shape[0]
-    beta_u = [router.beta_u[j % types].item() for j in range(J)]
-    beta_a = [router.beta_a[j % types].item() for j in range(J)]
-    lambdas = inverse_temperatures(router.iterations, router.final_lambda)
-    mus, acts, Rs = [], [], []
-    for V, a in zip(votes.double().tolist(), activations.double().tolist(), strict=True):
-        mu, a_out, history = procedure_1(V, a, children.tolist(), beta_u, beta_a, lambdas,
-                                         router.variance_eps)
-        mus.append(mu)
-        acts.append(a_out)
-        Rs.append(history)
-    R = torch.tensor(Rs, dtype=torch.float64).transpose(0, 1)  # (iterations, B, J, K)
-    return (torch.tensor(mus, dtype=torch.float64), torch.tensor(acts, dtype=torch.float64),
-            tuple(R))
 
 
 def make_router(types: int, seed: int = 0, iterations: int = 3, final_lambda: float = 0.01,
@@ -139,7 +65,7 @@ def test_fully_connected_layer_matches_the_loop_reference(final_lambda):
     router = make_router(J, final_lambda=final_lambda)
     votes, activations = random_inputs(J, I, I)
     out = router(votes, activations)
-    mu, a, R = reference(router, votes, activations, None)
+    mu, a, R = em_reference(router, votes, activations, None)
     torch.testing.assert_close(out.poses, mu, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(out.activations, a, rtol=1e-9, atol=1e-9)
     assert len(out.couplings) == router.iterations
@@ -157,7 +83,7 @@ def test_convolutional_layer_matches_the_loop_reference(grid, kernel, stride):
     router = make_router(out_types, final_lambda=1.0)
     votes, activations = random_inputs(J, K, N, seed=1)
     out = router(votes, activations, children, N)
-    mu, a, R = reference(router, votes, activations, children)
+    mu, a, R = em_reference(router, votes, activations, children)
     torch.testing.assert_close(out.poses, mu, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(out.activations, a, rtol=1e-9, atol=1e-9)
     for ours, theirs in zip(out.couplings, R, strict=True):

@@ -5,7 +5,6 @@ import csv
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image, ImageDraw
 
 from capsnet.cli.main import main
@@ -20,8 +19,6 @@ from capsnet.figures import (
 )
 from capsnet.models import build_model
 from capsnet.training.checkpoint import save_checkpoint
-
-torch.set_num_threads(min(2, torch.get_num_threads()))
 
 METRICS = [
     {"epoch": 1, "lr": 0.001, "train_loss": 0.5, "train_accuracy": 0.80, "val_loss": 0.3,
@@ -55,6 +52,7 @@ def test_curve_series_turns_accuracy_into_error_and_skips_empty_cells():
     assert "lr" not in series
 
 
+@pytest.mark.slow
 def test_figure_functions_write_pngs(tmp_path):
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (7, 28, 28), dtype=np.uint8)

@@ -17,7 +17,6 @@ from capsnet.inference import (
     Prediction,
     decode_pose,
     first_of_each_class,
-    perturb_capsule,
     perturbation_deltas,
     perturbation_grid,
     pick_examples,
@@ -29,8 +28,7 @@ from capsnet.inference import (
 )
 from capsnet.loading import CheckpointError, load_model
 from capsnet.preprocess import PreprocessError, prepare_image
-
-torch.set_num_threads(min(2, torch.get_num_threads()))
+from tests.helpers import perturb_capsule
 
 
 def sketch(kind: int, size: int = 200) -> Image.Image:

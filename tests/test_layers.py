@@ -4,10 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capsnet.layers import Decoder, DigitCaps, DynamicRouter, PrimaryCaps, squash
+from capsnet.layers import Decoder, DigitCaps, PrimaryCaps, squash
 from capsnet.layers.digit_caps import LazyDigitCaps
-
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
+from capsnet.routing import DynamicRouter
 
 DTYPES = [torch.float32, torch.float64]
 

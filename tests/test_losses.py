@@ -17,8 +17,6 @@ from capsnet.losses import (
 )
 from capsnet.models import CapsuleOutput
 
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
-
 # Two examples, three classes.
 LENGTHS = torch.tensor([[0.95, 0.30, 0.05],
                         [0.60, 0.80, 0.20]])

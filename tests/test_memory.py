@@ -24,7 +24,6 @@ from capsnet.tuning.memory import (
 from tests.conftest import last_error_line
 
 fit_module = importlib.import_module("capsnet.training.fit")  # the module, not the function
-torch.set_num_threads(1)
 TOLERANCE = 0.25
 LAYERS = {"capsnet": ("conv1", "primary_caps.conv"),
           "cnn": ("features.0", "features.2", "features.4")}
@@ -46,6 +45,7 @@ def test_the_estimate_is_within_25_percent_of_the_measured_peak(model, precision
     check(model, "small", batch, precision, impl)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [{}, {"image_size": 32, "in_channels": 3}])
 @pytest.mark.parametrize("precision, impl", [("fp32", "gemm"), ("bf16", "gemm"),
                                              ("bf16", "native")])

@@ -19,8 +19,6 @@ from capsnet.models import (
     model_name_of,
 )
 
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
-
 
 @pytest.fixture(scope="module")
 def paper_capsnet() -> CapsNet:

@@ -28,7 +28,6 @@ from capsnet.loading import model_from_checkpoint
 from capsnet.losses import margin_loss, reconstruction_loss
 from capsnet.models import build_model
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
 TINY = dict(conv1_channels=8, primary_types=4, decoder_hidden=(16, 32))  # fast unit tests
 
 
@@ -139,6 +138,7 @@ def test_one_epoch_trains_and_the_metric_is_a_fraction():
     assert (chosen[:, 0] != chosen[:, 1]).all()
 
 
+@pytest.mark.slow
 def test_multimnist_cli_train_evaluate_figure(tiny_mnist_dir, tmp_path, capsys):
     data = ["--data-dir", str(tiny_mnist_dir), "--no-download"]
     run = tmp_path / "mm"

@@ -25,7 +25,6 @@ from tests.conftest import last_error_line
 # torch 2.13 marks torch.jit.load deprecated; TorchScript export is still asked for.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 
 FAST = ["--precision", "fp32", "--conv-impl", "native"]  # no speed measurement in tests
 RGB_CLASSES = ["cat", "dog", "frog", "horse", "ship"]
@@ -238,6 +237,7 @@ def test_evaluate_on_other_classes_is_refused(rgb_run, tmp_path, capsys):
     assert "are not the model's (cat, dog, frog, horse, ship)" in last_error_line(capsys)
 
 
+@pytest.mark.slow
 def test_reconstruct_manipulate_routing_draw_in_colour(rgb_run, rgb_data, tmp_path, capsys):
     ckpt, data = str(rgb_run / "best.pt"), ["--data-dir", str(rgb_data), *FAST]
     recon, manip, routing = tmp_path / "r.png", tmp_path / "m.png", tmp_path / "routing.png"

@@ -16,8 +16,6 @@ from capsnet.loading import load_checkpoint
 from capsnet.training.fit import own_datasets
 from tests.conftest import make_fake_digits
 
-torch.set_num_threads(1)
-
 
 def fake(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     images, labels = make_fake_digits(n, seed)  # (n, 28, 28) uint8, (n,)

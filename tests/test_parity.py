@@ -52,6 +52,7 @@ def tiny_config() -> CapsNetConfig:
                          primary_kernel=3, decoder_hidden=(16,))
 
 
+@pytest.mark.slow
 def test_compiled_model_matches_eager_outputs_and_gradients():
     """torch.compile (the --compile fast path) agrees with eager within float tolerance."""
     if not hasattr(torch, "compile"):

@@ -21,8 +21,6 @@ from capsnet.training.loop import backward_and_step
 from capsnet.training.rng import cuda_rng_state_for, rng_state, set_rng_state
 from capsnet.training.settings import resumed_settings
 
-torch.set_num_threads(1)
-
 
 def settings(data_dir, out_dir, epochs, **extra) -> TrainSettings:
     values = dict(preset="small", data_dir=str(data_dir), download=False, epochs=epochs,
@@ -117,6 +115,7 @@ def test_rng_state_with_cuda_entries_restores_on_a_cpu():
     assert torch.equal(torch.rand(2), expected)
 
 
+@pytest.mark.slow
 def test_fp16_trains_with_a_gradient_scaler_that_is_saved_and_resumed(tiny_mnist_dir, tmp_path):
     """--precision fp16 (a V100 or T4 plan) on a CPU: the loss is scaled, the scaler's state
     is in last.pt and a resumed run continues with it."""

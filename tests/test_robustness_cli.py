@@ -25,8 +25,6 @@ from capsnet.training import TrainSettings, fit
 from capsnet.training.checkpoint import save_checkpoint
 from capsnet.training.loop import evaluate
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
-
 
 @pytest.fixture(scope="module")
 def cnn_checkpoint(tmp_path_factory, tiny_mnist_dir):

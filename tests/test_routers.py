@@ -1,26 +1,24 @@
-"""Every router against a slow reference written from its paper's equations with plain loops
-over examples b, parents j and children i; the contract (couplings sum to 1 over parents,
-gradients, float32 under autocast); inverted-attention routing against the authors' code."""
+"""The routers' contract (couplings sum to 1 over parents, gradients, float32 under
+autocast, the registry); inverted-attention routing against its slow loop reference
+(tests/helpers_routing.py) and against the authors' code. Dynamic routing's reference
+tests are in test_routing.py, self-attention's in test_efficient_capsnet.py, EM's in
+test_em_routing.py."""
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 
 from capsnet.config import CapsNetConfig
-from capsnet.layers import ROUTERS, DigitCaps, DynamicRouter, InvertedAttentionRouter
-from capsnet.layers.router import Routed, router_class
-
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
+from capsnet.layers import DigitCaps
+from capsnet.routing import ROUTERS, DynamicRouter, InvertedAttentionRouter, router_class
+from tests.helpers_routing import assert_routed_close, inverted_attention_reference
 
 B, J, I, D = 2, 3, 5, 4  # noqa: E741 (examples, parents, children, pose size: tiny)
 ITERATIONS = 3
-LN_EPS = 1e-5  # nn.LayerNorm's default, as in the authors' code
 
 
-def make_votes(seed: int = 0, scale: float = 1.0, dtype=torch.float64) -> torch.Tensor:
-    """Votes (B, J, I, D) large enough that routing moves the couplings."""
+def make_u_hat(seed: int = 0, scale: float = 1.0, dtype=torch.float64) -> torch.Tensor:
+    """Predictions (B, J, I, D) large enough that routing moves the couplings."""
     g = torch.Generator().manual_seed(seed)
     return scale * torch.randn(B, J, I, D, generator=g, dtype=dtype)
 
@@ -40,99 +38,14 @@ def all_routers(dtype=torch.float64) -> list:
     return [DynamicRouter(ITERATIONS), idpa_router(dtype=dtype)]
 
 
-# ---- slow references, from the equations ---------------------------------------------------
-
-def softmax_list(x: list[float]) -> list[float]:
-    e = [math.exp(t) for t in x]
-    return [t / sum(e) for t in e]
-
-
-def dot(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b, strict=True))
-
-
-def squash_list(s: list[float]) -> list[float]:
-    """Sabour et al. Eq. 1: v = |s|^2 / (1 + |s|^2) s / |s|."""
-    n2 = dot(s, s)
-    return [n2 / (1 + n2) * x / math.sqrt(n2) for x in s]
-
-
-def layer_norm_list(s: list[float], gain: list[float], bias: list[float]) -> list[float]:
-    mean = sum(s) / len(s)
-    var = sum((x - mean) ** 2 for x in s) / len(s)
-    return [(x - mean) / math.sqrt(var + LN_EPS) * g + c for x, g, c in zip(s, gain, bias,
-                                                                             strict=True)]
-
-
-def dynamic_reference(votes: torch.Tensor, iterations: int) -> Routed:
-    """Sabour et al. 2017, Procedure 1, for each example: b_ij <- 0; repeat: c_i = softmax_j
-    (b_i); s_j = sum_i c_ij u_hat_j|i; v_j = squash(s_j); b_ij += u_hat_j|i . v_j."""
-    u_hat = votes.tolist()  # [b][j][i][d]
-    nb, nj, ni, nd = votes.shape
-    poses, lengths, couplings = [], [], [[] for _ in range(iterations)]
-    for b in range(nb):
-        logits = [[0.0] * nj for _ in range(ni)]  # b_ij, indexed [i][j]
-        for r in range(iterations):
-            c = [softmax_list(logits[i]) for i in range(ni)]  # [i][j], over the parents j
-            couplings[r].append([[c[i][j] for i in range(ni)] for j in range(nj)])
-            v = [squash_list([sum(c[i][j] * u_hat[b][j][i][d] for i in range(ni))
-                              for d in range(nd)]) for j in range(nj)]
-            for i in range(ni):
-                for j in range(nj):
-                    logits[i][j] += dot(u_hat[b][j][i], v[j])
-        poses.append(v)
-        lengths.append([math.sqrt(dot(v[j], v[j])) for j in range(nj)])
-    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
-    return Routed(t(poses), t(lengths), tuple(t(c) for c in couplings))
-
-
-def idpa_reference(votes: torch.Tensor, router: InvertedAttentionRouter) -> Routed:
-    """Tsai et al. 2020, Procedure 1, for each example: p_j <- 0; repeat: a_ij = p_j . v_ij
-    (Eq. 2, scaled by 1/sqrt(D) as in the authors' code); r_i = softmax_j(a_i) (Eq. 3, over
-    the parents); s_j = sum_i r_ij v_ij, p_j = LayerNorm(s_j) (lines 5-6). Score: |squash(s_j)|."""
-    gain, bias = router.norm.weight.tolist(), router.norm.bias.tolist()
-    v_ = votes.tolist()  # [b][j][i][d]
-    nb, nj, ni, nd = votes.shape
-    poses, scores, couplings = [], [], [[] for _ in range(router.iterations)]
-    for b in range(nb):
-        p = [[0.0] * nd for _ in range(nj)]  # "set to 0 initially"
-        for t in range(router.iterations):
-            a = [[dot(p[j], v_[b][j][i]) / math.sqrt(nd) for j in range(nj)] for i in range(ni)]
-            r = [softmax_list(a[i]) for i in range(ni)]  # [i][j]
-            couplings[t].append([[r[i][j] for i in range(ni)] for j in range(nj)])
-            s = [[sum(r[i][j] * v_[b][j][i][d] for i in range(ni)) for d in range(nd)]
-                 for j in range(nj)]
-            p = [layer_norm_list(s[j], gain, bias) for j in range(nj)]
-        poses.append(p)
-        scores.append([math.sqrt(dot(squash_list(s[j]), squash_list(s[j]))) for j in range(nj)])
-    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
-    return Routed(t(poses), t(scores), tuple(t(c) for c in couplings))
-
-
-def assert_routed_close(got: Routed, want: Routed) -> None:
-    torch.testing.assert_close(got.poses, want.poses)
-    torch.testing.assert_close(got.activations, want.activations)
-    assert len(got.couplings) == len(want.couplings)
-    for c, ref in zip(got.couplings, want.couplings, strict=True):
-        torch.testing.assert_close(c, ref)
-
-
 # ---- the equations -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("iterations", [1, 2, 3])
-def test_dynamic_router_matches_procedure_1_loop_by_loop(iterations):
-    votes = make_votes(scale=2.0)
-    with torch.no_grad():
-        assert_routed_close(DynamicRouter(iterations)(votes),
-                            dynamic_reference(votes, iterations))
-
-
-@pytest.mark.parametrize("iterations", [1, 2, 3])
 def test_inverted_attention_router_matches_its_procedure_loop_by_loop(iterations):
-    votes = make_votes(scale=2.0)
+    u_hat = make_u_hat(scale=2.0)
     router = idpa_router(iterations=iterations)
     with torch.no_grad():
-        assert_routed_close(router(votes), idpa_reference(votes, router))
+        assert_routed_close(router(u_hat), inverted_attention_reference(u_hat, router))
 
 
 def test_the_routers_are_registered_by_name():
@@ -159,7 +72,7 @@ def test_from_config_builds_the_configured_router(name):
 @pytest.mark.parametrize("router", all_routers(), ids=lambda r: r.name)
 def test_couplings_sum_to_one_over_parents_and_start_uniform(router):
     with torch.no_grad():
-        routed = router(make_votes(seed=3, scale=3.0))
+        routed = router(make_u_hat(seed=3, scale=3.0))
     assert routed.poses.shape == (B, J, D) and routed.activations.shape == (B, J)
     assert len(routed.couplings) == ITERATIONS
     for c in routed.couplings:
@@ -172,10 +85,10 @@ def test_couplings_sum_to_one_over_parents_and_start_uniform(router):
 
 @pytest.mark.parametrize("router", all_routers(), ids=lambda r: r.name)
 def test_couplings_are_per_example(router):
-    votes = make_votes(seed=4, scale=2.0)
+    u_hat = make_u_hat(seed=4, scale=2.0)
     with torch.no_grad():
-        both = router(votes)
-        alone = router(votes[1:])
+        both = router(u_hat)
+        alone = router(u_hat[1:])
     for c_both, c_alone in zip(both.couplings, alone.couplings, strict=True):
         torch.testing.assert_close(c_both[1:], c_alone)
     torch.testing.assert_close(both.poses[1:], alone.poses)
@@ -183,37 +96,37 @@ def test_couplings_are_per_example(router):
 
 @pytest.mark.parametrize("router", all_routers(), ids=lambda r: r.name)
 def test_gradients_reach_the_votes_and_every_router_parameter(router):
-    votes = make_votes(seed=5).requires_grad_()
-    routed = router(votes)
+    u_hat = make_u_hat(seed=5).requires_grad_()
+    routed = router(u_hat)
     (routed.poses.sum() + routed.activations.sum()).backward()
-    assert votes.grad is not None and torch.isfinite(votes.grad).all()
-    assert votes.grad.abs().sum() > 0
+    assert u_hat.grad is not None and torch.isfinite(u_hat.grad).all()
+    assert u_hat.grad.abs().sum() > 0
     for name, p in router.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
 def test_inverted_attention_backpropagates_through_every_iteration():
     """As the authors' code: no detached iterations (dynamic routing detaches all but the
-    last unless routing_full_graph). The agreements' gradient reaches the votes through the
+    last unless routing_full_graph). The agreements' gradient reaches u_hat through the
     coefficients r, which a detached iteration would cut."""
-    votes = make_votes(seed=6).requires_grad_()
+    u_hat = make_u_hat(seed=6).requires_grad_()
     router = idpa_router()
-    router(votes).poses.sum().backward()
-    full = votes.grad.clone()
-    votes.grad = None
-    fixed_r = router(votes).couplings[-1].detach()  # (B, J, I) the last coefficients, held
-    router.norm(router.weighted_votes(fixed_r, votes)).sum().backward()
-    assert not torch.allclose(full, votes.grad)
+    router(u_hat).poses.sum().backward()
+    full = u_hat.grad.clone()
+    u_hat.grad = None
+    fixed_r = router(u_hat).couplings[-1].detach()  # (B, J, I) the last coefficients, held
+    router.norm(router.weighted_sum(fixed_r, u_hat)).sum().backward()
+    assert not torch.allclose(full, u_hat.grad)
 
 
 @pytest.mark.parametrize("router", all_routers(torch.float32), ids=lambda r: r.name)
 def test_routing_runs_in_float32_under_bf16_autocast(router):
-    votes = make_votes(seed=7, dtype=torch.float32)
+    u_hat = make_u_hat(seed=7, dtype=torch.float32)
     with torch.no_grad():
-        want = router(votes)
+        want = router(u_hat)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            got = router(votes)
-            from_bf16 = router(votes.bfloat16())
+            got = router(u_hat)
+            from_bf16 = router(u_hat.bfloat16())
     for routed in (got, from_bf16):
         assert routed.poses.dtype == routed.activations.dtype == torch.float32
         assert all(c.dtype == torch.float32 for c in routed.couplings)
@@ -225,9 +138,9 @@ def test_routing_runs_in_float32_under_bf16_autocast(router):
 def test_agreements_give_the_next_couplings(router):
     """Router.agreements (for traces): dynamic routing's c(r+1) is the softmax over j of
     the sum of the agreements 1..r; inverted attention's r(t+1) that of agreement t."""
-    votes = make_votes(seed=8, scale=2.0)
+    u_hat = make_u_hat(seed=8, scale=2.0)
     with torch.no_grad():
-        couplings, agreements = router(votes).couplings, router.agreements(votes)
+        couplings, agreements = router(u_hat).couplings, router.agreements(u_hat)
     assert len(agreements) == ITERATIONS
     for r in range(1, ITERATIONS):
         logits = (sum(agreements[:r]) if isinstance(router, DynamicRouter)
@@ -239,11 +152,11 @@ def test_agreements_give_the_next_couplings(router):
 def test_convolutional_children_are_refused_with_a_clear_error(router):
     children = torch.zeros(J, I, dtype=torch.long)
     with pytest.raises(ValueError, match="fully connected capsule layers only"):
-        router(make_votes(), None, children, I)
+        router(make_u_hat(), None, children, I)
 
 
 def test_the_first_couplings_of_dynamic_routing_cost_no_memory():
-    routed = DynamicRouter(ITERATIONS)(make_votes())
+    routed = DynamicRouter(ITERATIONS)(make_u_hat())
     assert routed.couplings[0].stride() == (0, 0, 0)  # one number, viewed as (B, J, I)
     assert DynamicRouter(ITERATIONS).state_dict() == {}  # the paper model's keys are unchanged
 
@@ -272,7 +185,7 @@ def authors_capsule_fc(x: torch.Tensor, w: torch.Tensor, norm: torch.nn.LayerNor
 def authors_class_capsules(x, w, norm, num_routing):
     """``CapsModel.forward``'s class-capsule layer (sequential routing): one initial pass,
     then num_routing - 1 refining passes. (Its classifier, a linear layer shared by the
-    classes, is not capsnet's class score: see capsnet.layers.attention_routing.)"""
+    classes, is not capsnet's class score: see capsnet.routing.inverted_attention.)"""
     value, coefficients = authors_capsule_fc(x, w, norm, None)
     history = [coefficients]
     for _ in range(num_routing - 1):

@@ -9,12 +9,10 @@ from PIL import Image, ImageDraw
 from capsnet.cli.main import main
 from capsnet.config import make_config
 from capsnet.figures import routing_figure, routing_types_figure
-from capsnet.models import build_model
+from capsnet.models import build_model, class_scores
 from capsnet.routing_trace import receptive_fields, routing_trace
 from capsnet.training.checkpoint import save_checkpoint
 from tests.conftest import last_error_line
-
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 
 B = 3  # images per batch: a few are enough
 W_SCALE = 300.0  # with the initial W (std 0.01) and short primary capsules routing barely moves
@@ -58,7 +56,7 @@ def test_shapes(model, trace):
     I = cfg.num_primary_caps  # noqa: E741 (the paper's name for the input capsules)
     assert trace.couplings.shape == trace.agreements.shape == (B, R, J, I)
     assert trace.couplings.dtype == torch.float32
-    assert trace.v.shape == (B, J, cfg.digit_dim) and trace.lengths.shape == (B, J)
+    assert trace.v.shape == (B, J, cfg.digit_dim) and trace.scores.shape == (B, J)
     assert trace.primary_lengths.shape == (B, cfg.primary_types, G, G)
     assert trace.u_hat_norms.shape == (B, J, I)
     assert trace.coupling_maps().shape == trace.support_maps().shape == (B, R, J, G, G)
@@ -92,7 +90,7 @@ def test_trace_equals_the_model_and_leaves_it_unchanged(model):
     trace = routing_trace(model, images)
     with torch.no_grad():
         after = model(x)
-    assert torch.equal(trace.v, before.poses) and torch.equal(trace.lengths, before.lengths)
+    assert torch.equal(trace.v, before.poses) and torch.equal(trace.scores, before.lengths)
     for a, b in zip(before, after, strict=True):  # lengths, poses, reconstructions
         assert torch.equal(a, b)
     assert not model.training
@@ -107,7 +105,7 @@ def test_trace_runs_in_the_models_compute_precision():
     with torch.no_grad():
         out = model(model_input(images))
     trace = routing_trace(model, images)
-    assert torch.equal(trace.v, out.poses) and torch.equal(trace.lengths, out.lengths)
+    assert torch.equal(trace.v, out.poses) and torch.equal(trace.scores, out.lengths)
 
 
 def test_primary_grid_is_type_major(model, trace):
@@ -145,6 +143,7 @@ def test_a_model_without_routing_is_refused():
         routing_trace(build_model(make_config("cnn", "small")), torch.zeros(1, 28, 28))
 
 
+@pytest.mark.slow
 def test_routing_figure_takes_grey_and_colour_inputs(trace, tmp_path):
     maps, support = trace.coupling_maps().numpy(), trace.support_maps().numpy()
     rng = np.random.default_rng(0)
@@ -152,7 +151,7 @@ def test_routing_figure_takes_grey_and_colour_inputs(trace, tmp_path):
               rng.integers(0, 256, (28, 28), dtype=np.uint8),
               rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)]  # display layout: (H, W, 3)
     centres, side = receptive_fields(make_config("capsnet", "small"))
-    path = routing_figure(images, maps, support, trace.lengths.numpy(), ["a", "b", "c"],
+    path = routing_figure(images, maps, support, trace.scores.numpy(), ["a", "b", "c"],
                           centres, side, tmp_path / "sub" / "routing.png", [False, True, False])
     with Image.open(path) as image:
         assert image.format == "PNG" and image.size[0] > image.size[1] > 0
@@ -223,7 +222,7 @@ def test_other_models_trace_their_own_outputs_and_couplings(other_model):
     with torch.no_grad():
         out = other_model(model_input(images))
     trace = routing_trace(other_model, images)
-    assert torch.equal(trace.v, out.poses) and torch.equal(trace.lengths, out.lengths)
+    assert torch.equal(trace.v, out.poses) and torch.equal(trace.scores, class_scores(out))
     cfg, J = other_model.config, other_model.config.num_classes
     em = trace.routing == "em"
     assert trace.routing == ("em" if em else "self-attention")
@@ -283,8 +282,8 @@ def test_efficient_receptive_fields_match_the_input_gradient(image_size):
 @pytest.mark.parametrize("name, words", [
     ("efficient", ["1 routing iteration, 8 capsule types on a 1x1 primary grid",
                    "self-attention routing", "C_ij"]),
-    ("em", ["3 routing iterations, 16 capsule types on a 3x3 ConvCaps2 grid", "em routing",
-            "R_ij"]),
+    pytest.param("em", ["3 routing iterations, 16 capsule types on a 3x3 ConvCaps2 grid",
+                        "em routing", "R_ij"], marks=pytest.mark.slow),
 ])
 def test_cli_routing_of_other_models(name, words, tiny_mnist_dir, tmp_path, capsys):
     torch.manual_seed(6)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks import routing_zoo as zoo
 from benchmarks import sweep
 from capsnet.loading import model_from_checkpoint
@@ -25,6 +27,7 @@ def table_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("| ")]
 
 
+@pytest.mark.slow
 def test_tiny_zoo_trains_measures_and_reads_back(tiny_mnist_dir, tmp_path, capsys):
     out = tmp_path / "zoo"
     assert run(tiny_mnist_dir, out) == 0

@@ -7,8 +7,6 @@ import torch
 from capsnet.data.augment import random_shift, to_model_input
 from capsnet.data.splits import epoch_order, stratified_split
 
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
-
 
 def unbalanced_labels(seed: int = 0) -> torch.Tensor:
     """1,000 labels over 10 classes with very different frequencies (10 to 190)."""

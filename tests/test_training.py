@@ -26,8 +26,6 @@ from capsnet.training.settings import TrainSettings
 fit_module = importlib.import_module("capsnet.training.fit")  # the module, not the function
 runner = importlib.import_module("capsnet.training.runner")
 
-torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
-
 
 class PixelOracle(nn.Module):
     """A fake classifier: predicts the class written in pixel (0, 0) of each image.

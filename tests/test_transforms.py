@@ -18,8 +18,6 @@ from capsnet.data.transforms import (
     warp,
 )
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
-
 
 def asymmetric_image(size: int = 28) -> torch.Tensor:
     """(1, size, size) uint8 with no rotational symmetry: an L-shape and a dot."""

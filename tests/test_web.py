@@ -21,8 +21,6 @@ from capsnet.routing_trace import routing_trace
 from capsnet.web import create_app
 from capsnet.web.app import MAX_UPLOAD_BYTES
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
-
 
 @pytest.fixture(scope="module")
 def model(small_checkpoint):
@@ -122,7 +120,7 @@ def test_predict_returns_the_routing_maps(client, model):
     np.testing.assert_allclose(support, trace.support_maps()[0].numpy(), atol=1e-5)
     assert maps["support_max"] == pytest.approx(support.max(), abs=1e-5)
     assert maps["coupling_spread"] == pytest.approx(np.abs(couplings - 1.0 / J).max(), abs=1e-5)
-    assert int(trace.lengths[0].argmax()) == reply["digit"]
+    assert int(trace.scores[0].argmax()) == reply["digit"]
 
 
 @pytest.mark.parametrize("name, routing, children, symbol, iterations, grid", [
@@ -149,7 +147,7 @@ def test_predict_returns_the_routing_of_other_capsule_models(name, routing, chil
     np.testing.assert_allclose(np.array(maps["shares"]).sum(axis=1), 1.0, atol=1e-4)
     assert maps["type_spread"] == pytest.approx(np.abs(types - 1.0 / J).max(), abs=1e-5)
     assert maps["first_uniform"] == (name == "em")
-    assert int(trace.lengths[0].argmax()) == reply["index"]
+    assert int(trace.scores[0].argmax()) == reply["index"]
 
 
 def test_a_cnn_has_no_routing_maps():

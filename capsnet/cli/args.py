@@ -15,10 +15,10 @@ from capsnet.data.image_dataset import ImageDataset
 from capsnet.data.model_view import load_test_set
 from capsnet.data.sources import DataNotFoundError
 from capsnet.devices import pick_device, tune_backends
-from capsnet.layers import capsnet_routers
 from capsnet.layers.gemm_conv import CONV_IMPLS
 from capsnet.loading import CheckpointError, load_model
 from capsnet.models.precision import PRECISIONS
+from capsnet.routing import capsnet_routers
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.recipes import (
     EFFICIENT_FAST_RECIPE,

@@ -49,13 +49,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     else:
         images, titles, labels = own_images(args.images, model.config)
     trace = routing_trace(model, torch.from_numpy(images))
-    lengths = trace.lengths.cpu().numpy()  # (K, J)
-    predicted = lengths.argmax(axis=1)  # (K,)
-    titles = [f"{t}{label_of(model.config, int(p))} ({lengths[k, p]:.2f})"
+    scores = trace.scores.cpu().numpy()  # (K, J)
+    predicted = scores.argmax(axis=1)  # (K,)
+    titles = [f"{t}{label_of(model.config, int(p))} ({scores[k, p]:.2f})"
               for k, (t, p) in enumerate(zip(titles, predicted, strict=True))]
     wrong = [label is not None and label != int(p)
              for label, p in zip(labels, predicted, strict=True)]
-    path = draw(trace, display_images(images), lengths, titles, wrong,
+    path = draw(trace, display_images(images), scores, titles, wrong,
                 class_names(model.config), args.out)
     grid, children = trace.grid, trace.children
     count = f"{len(images)} image" + ("s" if len(images) != 1 else "")
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def draw(trace: RoutingTrace, images: np.ndarray, lengths: np.ndarray, titles: list[str],
+def draw(trace: RoutingTrace, images: np.ndarray, scores: np.ndarray, titles: list[str],
          wrong: list[bool], names: list[str], out: str) -> Path:
     """The trace's figure: maps on the children's grid, or per capsule type where that grid
     is a single cell."""
@@ -79,10 +79,10 @@ def draw(trace: RoutingTrace, images: np.ndarray, lengths: np.ndarray, titles: l
                   support_label=trace.support_label, children=trace.children.name)
     if trace.grid == 1:
         return routing_types_figure(images, trace.type_maps().cpu().numpy(),
-                                    trace.type_support().cpu().numpy(), lengths, titles, out,
+                                    trace.type_support().cpu().numpy(), scores, titles, out,
                                     **shared)
     return routing_figure(images, trace.coupling_maps().cpu().numpy(),
-                          trace.support_maps().cpu().numpy(), lengths, titles,
+                          trace.support_maps().cpu().numpy(), scores, titles,
                           trace.children.centres, trace.children.field, out, **shared)
 
 

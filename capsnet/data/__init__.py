@@ -4,7 +4,7 @@ download) and tensor datasets."""
 from capsnet.data.cifar import load_cifar10
 from capsnet.data.datasets import DATASET_NAMES, ImageDataset, load_dataset, load_split
 from capsnet.data.folder import FolderDatasetError, format_skipped_warning, load_folder_dataset
-from capsnet.data.idx import DatasetFileError, IDXError, read_idx, write_idx
+from capsnet.data.idx import DatasetFileError, IDXError, read_idx
 from capsnet.data.sources import (
     DATASETS,
     ChecksumError,
@@ -38,5 +38,4 @@ __all__ = [
     "load_svhn",
     "locate_dataset",
     "read_idx",
-    "write_idx",
 ]

@@ -91,15 +91,15 @@ def draw_support_overlay(ax, image: np.ndarray, support: np.ndarray, centres: Se
 
 
 def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
-                   support_maps: np.ndarray, lengths: np.ndarray, titles: Sequence[str],
+                   support_maps: np.ndarray, scores: np.ndarray, titles: Sequence[str],
                    centres: Sequence[float], field: int, path: str | os.PathLike,
                    wrong: Sequence[bool] | None = None,
                    class_names: Sequence[str] | None = None, symbol: str = "c",
                    support_label: str = "|c\u00b7\u00fb|", children: str = "primary") -> Path:
     """One row per image. images: N of (H, W) or (H, W, 3) uint8 (the display layout);
     coupling_maps and support_maps (N, R, J, G, G) (from
-    :class:`capsnet.routing_trace.RoutingTrace`); lengths (N, J); titles: N strings (red
-    where ``wrong``); centres (G,) and field: the children's grid's receptive fields
+    :class:`capsnet.routing_trace.RoutingTrace`); scores (N, J) the class scores; titles: N
+    strings (red where ``wrong``); centres (G,) and field: the children's grid's receptive fields
     (``RoutingTrace.children``); class_names (J,) name the capsules; ``symbol`` names the
     couplings, ``support_label`` the support, ``children`` the layer of the grid."""
     N, R, J = coupling_maps.shape[:3]
@@ -111,7 +111,7 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
                  layout="constrained")
     axes = fig.subplots(N, columns, squeeze=False)
     for n in range(N):
-        order = np.argsort(-lengths[n])
+        order = np.argsort(-scores[n])
         winner, second = int(order[0]), int(order[1]) if J > 1 else int(order[0])
         grey = grey_of(images[n])
         row = axes[n]
@@ -154,7 +154,7 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
 
 
 def routing_types_figure(images: Sequence[np.ndarray], type_maps: np.ndarray,
-                         type_support: np.ndarray, lengths: np.ndarray, titles: Sequence[str],
+                         type_support: np.ndarray, scores: np.ndarray, titles: Sequence[str],
                          path: str | os.PathLike, wrong: Sequence[bool] | None = None,
                          class_names: Sequence[str] | None = None, symbol: str = "c",
                          support_label: str = "|c\u00b7\u00fb|",
@@ -174,7 +174,7 @@ def routing_types_figure(images: Sequence[np.ndarray], type_maps: np.ndarray,
                         width_ratios=[PANEL_INCHES] + [matrix_inches] * (R + 1))
     names = [_name(j, class_names) for j in range(J)]
     for n in range(N):
-        winner = int(np.argmax(lengths[n]))
+        winner = int(np.argmax(scores[n]))
         row = axes[n]
         show_input(row[0], images[n])
         _frame(row[0], grey_of(images[n]).shape)

@@ -6,8 +6,8 @@ from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.parameter import UninitializedParameter
 
-from capsnet.layers.router import Routed, Router
 from capsnet.layers.squash import full_precision
+from capsnet.routing import Routed, Router
 
 # Standard deviation of the initial transformation matrices (as in the reference code).
 W_INIT_STD = 0.01
@@ -20,7 +20,7 @@ class DigitCaps(nn.Module):
 
     u_hat = W u is one einsum over named dimensions: W is never copied per example. Which
     algorithm routes u_hat to the J capsules is the ``router``'s business (any
-    :class:`~capsnet.layers.router.Router`; :class:`capsnet.models.CapsNet` builds the one
+    :class:`~capsnet.routing.Router`; :class:`capsnet.models.CapsNet` builds the one
     its config names). Prediction vectors and routing run in float32, also under autocast.
     ``in_caps`` is I (:meth:`PrimaryCaps.num_capsules`); :class:`LazyDigitCaps` reads it
     from the first input instead.

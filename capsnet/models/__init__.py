@@ -34,9 +34,12 @@ def build_model(config) -> nn.Module:
 
 
 def class_scores(output) -> torch.Tensor:
-    """Per-class scores (B, J) of any model's output: capsule lengths or softmax probabilities."""
+    """Per-class scores (B, J) of any model's output: the class capsules' lengths (CapsNet,
+    Efficient-CapsNet), their activations (the EM model) or the softmax of the logits (CNN)."""
     if isinstance(output, CapsuleOutput):
         return output.lengths
+    if isinstance(output, MatrixCapsuleOutput):
+        return output.activations
     return torch.softmax(output.float(), dim=-1)
 
 

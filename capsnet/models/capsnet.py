@@ -8,8 +8,8 @@ from torch import nn
 
 from capsnet.config import CapsNetConfig
 from capsnet.layers import Decoder, DigitCaps, GemmConv2d, InputNorm, PrimaryCaps, full_precision
-from capsnet.layers.router import router_class
 from capsnet.models.precision import autocast_to
+from capsnet.routing import router_class
 
 
 class CapsuleOutput(NamedTuple):
@@ -22,7 +22,7 @@ class CapsNet(nn.Module):
     """Input images (B, C, H, W) scaled to [0, 1]; output :class:`CapsuleOutput`.
     ``config.input_norm`` says how they meet Conv1; the decoder reconstructs them as given.
 
-    ``config.routing`` names the routing algorithm (:data:`capsnet.layers.router.ROUTERS`);
+    ``config.routing`` names the routing algorithm (:data:`capsnet.routing.ROUTERS`);
     its activations are the class scores (``lengths``: |v| for the paper's dynamic routing).
     The decoder is fed the poses masked by ``labels`` when given (training), else by
     the highest-scoring capsule (inference). ``compute_dtype`` (None: float32; set by

@@ -20,9 +20,9 @@ from torch import nn
 from capsnet.config import EfficientCapsNetConfig
 from capsnet.layers import Decoder, GemmConv2d, full_precision
 from capsnet.layers.depthwise_primary_caps import DepthwisePrimaryCaps
-from capsnet.layers.self_attention_routing import SelfAttentionRouter
 from capsnet.models.capsnet import CapsuleOutput
 from capsnet.models.precision import autocast_to
+from capsnet.routing import SelfAttentionRouter
 
 # Keras' BatchNormalization defaults: moving averages kept at 0.99 per step (PyTorch's
 # momentum is the new batch's share, 1 - 0.99) and epsilon 1e-3 (PyTorch's default: 1e-5).
@@ -60,11 +60,11 @@ class ConvReLUBN(nn.Module):
 
 
 class SelfAttentionCaps(nn.Module):
-    """A fully connected capsule layer: votes u_hat_j|i = W_ij^T u_i by one einsum, then
-    self-attention routing. W: (I, J, in_dim, out_dim) (16, 10, 8, 16 for MNIST).
+    """A fully connected capsule layer: predictions u_hat_j|i = W_ij^T u_i by one einsum,
+    then self-attention routing. W: (I, J, in_dim, out_dim) (16, 10, 8, 16 for MNIST).
 
-    Input u: (B, I, in_dim). Output :class:`~capsnet.layers.router.Routed` with poses
-    (B, J, out_dim). Votes and routing run in float32, also under autocast."""
+    Input u: (B, I, in_dim). Output :class:`~capsnet.routing.Routed` with poses
+    (B, J, out_dim). Predictions and routing run in float32, also under autocast."""
 
     def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int):
         super().__init__()
@@ -72,13 +72,13 @@ class SelfAttentionCaps(nn.Module):
         he_normal_(self.W, in_caps * out_caps * in_dim)  # Keras' fan-in of a 4-D kernel
         self.router = SelfAttentionRouter(out_caps, in_caps)
 
-    def votes(self, u: torch.Tensor) -> torch.Tensor:
+    def predictions(self, u: torch.Tensor) -> torch.Tensor:
         """u: (B, I, in_dim) -> u_hat: (B, J, I, out_dim), parent-major for the router."""
         return torch.einsum("bik,ijkd->bjid", u, self.W)  # (B, 10, 16, 16)
 
     def forward(self, u: torch.Tensor):
         with torch.autocast(device_type=u.device.type, enabled=False):
-            return self.router(self.votes(full_precision(u)))
+            return self.router(self.predictions(full_precision(u)))
 
 
 class EfficientCapsNet(nn.Module):
@@ -88,7 +88,7 @@ class EfficientCapsNet(nn.Module):
     The decoder is fed the class capsules masked by ``labels`` when given (training), else
     by the longest capsule (inference). ``compute_dtype`` (None: float32; set by
     :func:`capsnet.tuning.apply_plan`) is the autocast dtype of the convolutions and the
-    decoder; votes, routing and squash run in float32 and every output is float32.
+    decoder; predictions, routing and squash run in float32 and every output is float32.
     """
 
     def __init__(self, config: EfficientCapsNetConfig = EfficientCapsNetConfig()):

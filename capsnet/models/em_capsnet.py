@@ -2,7 +2,7 @@
 ReLU Conv1 -> PrimaryCaps -> ConvCaps1 -> ConvCaps2 -> Class capsules."""
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -10,18 +10,18 @@ from torch import nn
 from capsnet.config import EMCapsNetConfig
 from capsnet.layers import GemmConv2d, InputNorm
 from capsnet.layers.matrix_caps import ClassCapsules, ConvMatrixCaps, PrimaryMatrixCaps
-from capsnet.models.capsnet import CapsuleOutput
 from capsnet.models.precision import autocast_to
 
 
-class MatrixCapsuleOutput(CapsuleOutput):
-    """A :class:`CapsuleOutput` whose ``lengths`` are the class capsules' activations a_j
-    in [0, 1] (the class scores), ``poses`` their 4x4 poses flattened (B, J, 16), and
-    ``reconstructions`` None. ``loss_name`` tells capsnet.losses.model_loss (which imports
-    no model) to train it with the spread loss."""
+class MatrixCapsuleOutput(NamedTuple):
+    """What :class:`EMCapsNet` returns: the class capsules' activations a_j in [0, 1] (the
+    class scores) and their 4x4 poses flattened. No reconstructions: the model has no
+    decoder. ``loss_name`` tells capsnet.losses.model_loss (which imports no model) to train
+    it with the spread loss."""
 
-    __slots__ = ()
-    loss_name: ClassVar[str] = "spread"
+    activations: torch.Tensor  # (B, J) a_j, the class scores
+    poses: torch.Tensor  # (B, J, 16) the class capsules' 4x4 poses, row-major
+    loss_name = "spread"  # a class attribute, not a field
 
 
 # The primary poses' root mean square after the data-dependent initialisation
@@ -76,4 +76,4 @@ class EMCapsNet(nn.Module):
             poses, a = self.conv_caps1(poses, a)  # (B, 5, 5, 32, 16), (B, 5, 5, 32)
             poses, a = self.conv_caps2(poses, a)  # (B, 3, 3, 32, 16), (B, 3, 3, 32)
             poses, a = self.class_caps(poses, a)  # (B, 10, 16), (B, 10)
-        return MatrixCapsuleOutput(a, poses, None)
+        return MatrixCapsuleOutput(a, poses)

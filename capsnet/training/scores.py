@@ -2,7 +2,8 @@
 ensembles recomputed from them without the weights.
 
 A classification run writes ``test_scores.npy`` (N, J) float32, the class scores of its
-validation-selected model on the N test images (capsule lengths for CapsNet, softmax
+validation-selected model on the N test images (``capsnet.models.class_scores``: capsule
+lengths for CapsNet and Efficient-CapsNet, class activations for the EM model, softmax
 probabilities for the CNN), and ``test_labels.npy`` (N,) int64: 10,000 x 10 floats for
 MNIST, 400 kB. Averaging several runs' scores gives their ensemble's predictions.
 """

@@ -36,7 +36,7 @@ class TrainSettings:
     min_lr: float | None = None  # the floor: 'cosine'/'onecycle' end there, 'exp' stops there
     ema_decay: float | None = None  # EMA of the weights, validated/saved/tested; 0: none
     ema_warmup: bool | None = None  # EMA decay min(ema_decay, (1 + n) / (10 + n)) at update n
-    routing: str = "dynamic"  # CapsNet: the routing algorithm (capsnet.layers.router.ROUTERS)
+    routing: str = "dynamic"  # CapsNet: the routing algorithm (capsnet.routing.ROUTERS)
     routing_iterations: int = 3
     reconstruction_weight: float = 0.0005  # 0 trains CapsNet without its decoder
     augment: str | None = None  # 'shift' (max_shift) or 'efficient' (Efficient-CapsNet's)

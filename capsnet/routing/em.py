@@ -1,5 +1,5 @@
 """EM routing between matrix capsules (Hinton, Sabour & Frosst 2018, "Matrix capsules with
-EM routing", ICLR; Procedure 1), the :class:`~capsnet.layers.router.Router` named "em".
+EM routing", ICLR; Procedure 1), the :class:`~capsnet.routing.Router` named "em".
 
 Each parent capsule j is a Gaussian over the D = 16 entries of a 4x4 pose, fitted to the
 votes V_ij of its children i, each vote weighted by the child's activation a_i and by its
@@ -45,8 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsnet.layers.router import Routed, Router, register_router
 from capsnet.layers.squash import full_precision
+from capsnet.routing import Routed, Router
 
 FINAL_LAMBDA = 0.01  # the authors' final inverse temperature (OpenReview)
 LAMBDA_GROWTH = 0.95  # lambda_t = FINAL_LAMBDA (1 - LAMBDA_GROWTH^(t + 1))
@@ -161,14 +161,14 @@ def e_step(fit: MStep, children: torch.Tensor | None, num_children: int | None) 
     return normalise_over_parents(log_ap, children, num_children)  # (B, J, K)
 
 
-@register_router
 class EMRouter(Router):
     """EM routing for parents of ``parent_types`` types, each with its own beta_u and beta_a
     (one per capsule type, as the authors answered on OpenReview). Parents are laid out
     (position, type), type fastest; a fully connected layer has one position.
 
-    forward(votes (B, J, K, D), activations (B, I)) -> Routed(poses mu (B, J, D),
-    activations a_j (B, J), couplings: R (B, J, K) of each iteration's M-step). Without
+    forward(u_hat (B, J, K, D), the votes V_ij, and activations (B, I)) -> Routed(poses
+    mu (B, J, D), activations a_j (B, J), couplings: R (B, J, K) of each iteration's
+    M-step). Without
     ``children`` K = I and every parent sees every child; with ``children`` (J, K) the
     activations are those of the ``num_children`` global children. Runs in float32 (or
     float64 for float64 votes) even under autocast."""
@@ -189,13 +189,13 @@ class EMRouter(Router):
         self.beta_u = nn.Parameter(torch.zeros(parent_types))  # per type: cost offset
         self.beta_a = nn.Parameter(torch.zeros(parent_types))  # per type: activation offset
 
-    def forward(self, votes: torch.Tensor, activations: torch.Tensor | None = None,
+    def forward(self, u_hat: torch.Tensor, activations: torch.Tensor | None = None,
                 children: torch.Tensor | None = None,
                 num_children: int | None = None) -> Routed:
         if activations is None:
             raise ValueError("EM routing needs the children's activations")
-        with torch.autocast(device_type=votes.device.type, enabled=False):
-            V, a = full_precision(votes), full_precision(activations)  # (B, J, K, D), (B, I)
+        with torch.autocast(device_type=u_hat.device.type, enabled=False):
+            V, a = full_precision(u_hat), full_precision(activations)  # (B, J, K, D), (B, I)
             B, J, K, D = V.shape
             a_i = a.unsqueeze(1) if children is None else a[:, children]  # (B, 1 or J, K)
             beta_u = per_parent(self.beta_u, J).to(V.dtype)  # (J,)

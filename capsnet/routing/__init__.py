@@ -1,30 +1,34 @@
-"""One contract for every routing algorithm: votes and child activations in, parent poses,
-parent activations and the couplings of every iteration out.
+"""Routing algorithms: one contract, one module per algorithm, one registry by name.
 
-A routing algorithm decides how much of each child capsule's vote reaches each parent
-capsule. Every algorithm in capsnet is a :class:`Router` (an ``nn.Module``) whose
-``forward(votes, activations)`` returns a :class:`Routed`; a model holds one and never
-asks which it is. Routers are registered by name in :data:`ROUTERS`, so a config field
-(``CapsNetConfig.routing``) and ``--routing NAME`` choose one, and ``routing_trace``,
-``capsnet routing`` and the web panel read the couplings of whichever the model uses. A
-model builds its router with ``router_class(config.routing).from_config(config,
-children=I, parents=J, pose_dim=D)``; importing :mod:`capsnet.layers` registers them all.
+A routing algorithm decides how much of each child capsule's prediction reaches each parent
+capsule. Every algorithm is a :class:`Router` (an ``nn.Module``) whose
+``forward(u_hat, activations)`` returns a :class:`Routed`; a model holds one and never asks
+which it is. :data:`ROUTERS` names them, so a config field (``CapsNetConfig.routing``) and
+``--routing NAME`` choose one, and ``routing_trace``, ``capsnet routing`` and the web panel
+read the couplings of whichever the model uses. A model builds its router with
+``router_class(config.routing).from_config(config, children=I, parents=J, pose_dim=D)``.
+
+- ``dynamic`` (:mod:`~capsnet.routing.dynamic`): Sabour, Frosst & Hinton 2017, Procedure 1;
+- ``inverted-attention`` (:mod:`~capsnet.routing.inverted_attention`): Tsai et al. 2020;
+- ``self-attention`` (:mod:`~capsnet.routing.self_attention`): Mazzia et al. 2021
+  (Efficient-CapsNet);
+- ``em`` (:mod:`~capsnet.routing.em`): Hinton, Sabour & Frosst 2018 (matrix capsules).
 
 Shapes (B batch, J parents, I children seen by each parent, D pose size):
 
-- ``votes``: (B, J, I, D), child i's prediction of parent j's pose (u_hat in Sabour et
-  al. 2017, V_ij in Hinton et al. 2018), laid out parent-major.
+- ``u_hat``: (B, J, I, D), child i's prediction of parent j's pose (u_hat_j|i in Sabour et
+  al. 2017; the votes V_ij of Hinton et al. 2018), laid out parent-major.
 - ``activations``: (B, I) the children's activations, or None where the algorithm has
-  none (dynamic routing: a capsule's length is its activation and is inside its vote).
+  none (dynamic routing: a capsule's length is its activation and is inside its prediction).
 - ``children``: None when every parent sees the same I children (a fully connected
   capsule layer); otherwise a (J, I) long tensor naming, for each parent's slot i, the
   global index of the child in it (a convolutional capsule layer, where parents at
   different positions see overlapping windows and must compete for the children they
   share), with ``num_children`` the number of distinct children.
 
-``Routed.couplings`` holds one (B, J, I) tensor per iteration: the share of child i's vote
-that parent j received in that iteration (for dynamic routing c_ij; for EM routing the
-assignment R_ij; for attention routing the attention weights).
+``Routed.couplings`` holds one (B, J, I) tensor per iteration: the share of child i's
+prediction that parent j received in that iteration (for dynamic routing c_ij; for EM
+routing the assignment R_ij; for attention routing the attention weights).
 """
 from __future__ import annotations
 
@@ -51,7 +55,8 @@ class Router(nn.Module):
     # How traces and figures name the couplings (Routed.couplings): a symbol and a line on
     # what they are for this algorithm.
     coupling_symbol: ClassVar[str] = "c"
-    coupling_meaning: ClassVar[str] = "the share of each child's vote that each parent received"
+    coupling_meaning: ClassVar[str] = ("the share of each child's prediction that each parent "
+                                       "received")
 
     @classmethod
     def from_config(cls, config, *, children: int, parents: int,
@@ -61,26 +66,26 @@ class Router(nn.Module):
         :class:`capsnet.config.CapsNetConfig`: ``routing_iterations``, ...)."""
         raise NotImplementedError
 
-    def forward(self, votes: torch.Tensor, activations: torch.Tensor | None = None,
+    def forward(self, u_hat: torch.Tensor, activations: torch.Tensor | None = None,
                 children: torch.Tensor | None = None,
                 num_children: int | None = None) -> Routed:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def agreements(self, votes: torch.Tensor,
+    def agreements(self, u_hat: torch.Tensor,
                    activations: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
-        """Per iteration, (B, J, I) how well child i's vote agreed with the pose parent j
-        got in that iteration, for traces and figures (training never calls this); None
-        (the default) where the algorithm has no such quantity."""
+        """Per iteration, (B, J, I) how well child i's prediction agreed with the pose
+        parent j got in that iteration, for traces and figures (training never calls this);
+        None (the default) where the algorithm has no such quantity."""
         return None
 
 
-def uniform_couplings(votes: torch.Tensor, share: float,
+def uniform_couplings(u_hat: torch.Tensor, share: float,
                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(B, J, I) couplings all equal to ``share`` (e.g. a first iteration's 1/J) for
-    ``votes`` (B, J, I, D), as a view of one number: nothing is allocated per child, so
+    ``u_hat`` (B, J, I, D), as a view of one number: nothing is allocated per child, so
     reporting them costs nothing."""
-    B, J, I = votes.shape[:3]  # noqa: E741 (the paper's name for the children)
-    return torch.full((1, 1, 1), share, dtype=dtype, device=votes.device).expand(B, J, I)
+    B, J, I = u_hat.shape[:3]
+    return torch.full((1, 1, 1), share, dtype=dtype, device=u_hat.device).expand(B, J, I)
 
 
 def fully_connected_only(router: Router, children: torch.Tensor | None) -> None:
@@ -90,21 +95,18 @@ def fully_connected_only(router: Router, children: torch.Tensor | None) -> None:
                          f"layers only (children=None)")
 
 
-ROUTERS: dict[str, type[Router]] = {}
+# The algorithms import the contract above, so they are imported after it.
+from capsnet.routing.dynamic import DynamicRouter  # noqa: E402
+from capsnet.routing.em import EMRouter  # noqa: E402
+from capsnet.routing.inverted_attention import InvertedAttentionRouter  # noqa: E402
+from capsnet.routing.self_attention import SelfAttentionRouter  # noqa: E402
 
-
-def register_router(cls: type[Router]) -> type[Router]:
-    """Class decorator: make ``cls`` choosable by its :attr:`Router.name`."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if cls.name in ROUTERS and ROUTERS[cls.name] is not cls:
-        raise ValueError(f"two routers named {cls.name!r}")
-    ROUTERS[cls.name] = cls
-    return cls
+ROUTERS: dict[str, type[Router]] = {cls.name: cls for cls in (
+    DynamicRouter, InvertedAttentionRouter, SelfAttentionRouter, EMRouter)}
 
 
 def router_class(name: str) -> type[Router]:
-    """The router registered as ``name``; a ValueError naming the choices otherwise."""
+    """The router named ``name``; a ValueError naming the choices otherwise."""
     if name not in ROUTERS:
         raise ValueError(f"unknown routing {name!r}; choose from {', '.join(sorted(ROUTERS))}")
     return ROUTERS[name]
@@ -115,3 +117,8 @@ def capsnet_routers() -> list[str]:
     by name: the ``--routing`` choices. EM routing routes matrix capsules (``--model em``)."""
     return sorted(name for name, cls in ROUTERS.items()
                   if cls.from_config.__func__ is not Router.from_config.__func__)
+
+
+__all__ = ["ROUTERS", "DynamicRouter", "EMRouter", "InvertedAttentionRouter", "Routed",
+           "Router", "SelfAttentionRouter", "capsnet_routers", "fully_connected_only",
+           "router_class", "uniform_couplings"]

@@ -1,7 +1,7 @@
 """Self-attention routing (Mazzia, Salvetti & Chiaberge 2021, Methods, "Self-attention
-routing"): one non-iterative pass from the votes to the parent capsules.
+routing"): one non-iterative pass from the predictions to the parent capsules.
 
-For each parent capsule j, with U_j (I, D) the votes of the I children for it (u_hat_j|i):
+For each parent capsule j, with U_j (I, D) the predictions u_hat_j|i of the I children for it:
 
     A_j = U_j U_j^T / sqrt(D)                    the self-attention matrix (I, I)
     C_j = softmax_j( sum_k A_j[:, k] )           the coupling coefficients, a softmax over
@@ -9,14 +9,14 @@ For each parent capsule j, with U_j (I, D) the votes of the I children for it (u
     s_j = sum_i (C_j[i] + B_j[i]) u_hat_j|i      B: the log priors, learned with W
     v_j = squash(s_j)                            Efficient-CapsNet's squash (exp_squash)
 
-A child whose vote agrees with the other children's votes for parent j (large row sums of
+A child whose prediction agrees with the other children's for parent j (large row sums of
 A_j) sends more of itself to j. The public code (EscVM/Efficient-CapsNet, utils/layers.py,
 ``FCCaps.call``) computes exactly this: the row sums by ``einsum('...ij,...kj->...i', u,
 u)``, the scale 1/sqrt(D) with D the parents' dimension, ``softmax(c, axis=1)`` over the
 parents, and the bias ``b`` (zero-initialised, shape (J, I, 1)) added *after* the softmax.
 
 Because sum_k u_i . u_k = u_i . (sum_k u_k), the row sums are one product with the summed
-votes: O(I D) per parent instead of the O(I^2 D) of forming A (the test checks this against
+predictions: O(I D) per parent instead of the O(I^2 D) of forming A (the test checks this against
 a loop that forms A).
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from capsnet.layers.exp_squash import exp_squash
-from capsnet.layers.router import Routed, Router, register_router
 from capsnet.layers.squash import full_precision
+from capsnet.routing import Routed, Router
 
 
 def self_attention_couplings(u_hat: torch.Tensor) -> torch.Tensor:
@@ -40,14 +40,13 @@ def self_attention_couplings(u_hat: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits, dim=1)  # (B, J, I), sums to 1 over J
 
 
-@register_router
 class SelfAttentionRouter(Router):
     """The :class:`Router` of Efficient-CapsNet: one pass, no iterations. Holds the log
     priors B (J, I), initialised to zero as in the public code, so it is fixed to one pair
     of capsule counts. Child activations are not used (a capsule's length is its
     activation, inside its vote); only fully connected layers (``children`` None).
 
-    votes (B, J, I, D) -> Routed(poses (B, J, D), activations (B, J) = |v_j|,
+    u_hat (B, J, I, D) -> Routed(poses (B, J, D), activations (B, J) = |v_j|,
     couplings (C,) with C (B, J, I) the softmax couplings, before B is added). Runs in
     float32, also under autocast.
     """
@@ -68,14 +67,14 @@ class SelfAttentionRouter(Router):
         paper's CapsNet: ``--routing self-attention``, its DigitCaps routed in one pass)."""
         return cls(parents, children)
 
-    def forward(self, votes: torch.Tensor, activations: torch.Tensor | None = None,
+    def forward(self, u_hat: torch.Tensor, activations: torch.Tensor | None = None,
                 children: torch.Tensor | None = None,
                 num_children: int | None = None) -> Routed:
         if children is not None:
             raise ValueError("self-attention routing connects every child to every parent; "
                              "it has no convolutional (windowed) form")
-        with torch.autocast(device_type=votes.device.type, enabled=False):
-            u_hat = full_precision(votes)  # (B, J, I, D)
+        with torch.autocast(device_type=u_hat.device.type, enabled=False):
+            u_hat = full_precision(u_hat)  # (B, J, I, D)
             c = self_attention_couplings(u_hat)  # (B, J, I)
             s = torch.einsum("bjid,bji->bjd", u_hat, c + self.b)  # (B, J, D)
             v = exp_squash(s)  # (B, J, D)

@@ -6,14 +6,8 @@ from typing import NamedTuple
 
 import torch
 
-from capsnet.layers.router import (
-    Routed,
-    Router,
-    fully_connected_only,
-    register_router,
-    uniform_couplings,
-)
 from capsnet.layers.squash import full_precision, squash
+from capsnet.routing import Routed, Router, fully_connected_only, uniform_couplings
 
 
 class RoutingStep(NamedTuple):
@@ -43,7 +37,18 @@ def uniform_share(outputs: int, none_of_the_above: bool = False) -> float:
 
 def routing_steps(u_hat: torch.Tensor, iterations: int, full_graph: bool = False,
                   none_of_the_above: bool = False) -> Iterator[RoutingStep]:
-    """Procedure 1, one :class:`RoutingStep` per iteration. See :func:`dynamic_routing`."""
+    """Procedure 1, one :class:`RoutingStep` per iteration: route the predictions ``u_hat``
+    (B, J, I, D) of the I input capsules for the J output capsules by agreement.
+
+    u_hat is laid out output-major so that both contractions over I and D are plain batched
+    matrix products over (B, J). The logits b start at zero for every example (never shared
+    across the batch), so the first couplings are uniform, c = 1/J, and that softmax is
+    skipped; later couplings are a softmax over the J output capsules; b grows by the
+    agreement u_hat . v. Unless ``full_graph``, gradients flow through the last iteration
+    only (the earlier iterations see a detached u_hat), as in most reference code.
+    ``none_of_the_above`` adds the paper's extra routing category (:func:`couplings`).
+    Runs in float32 (or float64) even under autocast.
+    """
     device_type = u_hat.device.type
     with torch.autocast(device_type=device_type, enabled=False):  # float32 under autocast too
         u_hat = full_precision(u_hat)
@@ -68,35 +73,13 @@ def routing_steps(u_hat: torch.Tensor, iterations: int, full_graph: bool = False
             yield RoutingStep(c, v, agreement)
 
 
-def dynamic_routing(u_hat: torch.Tensor, iterations: int, full_graph: bool = False,
-                    none_of_the_above: bool = False) -> torch.Tensor:
-    """Route prediction vectors ``u_hat`` to output capsules by agreement.
-
-    u_hat: (B, J, I, D), the predictions of the I input capsules for the J output capsules,
-    laid out output-major so that both contractions over I and D are plain batched
-    matrix products over (B, J). Returns v: (B, J, D).
-
-    The logits b start at zero for every example (never shared across the batch), so the
-    first couplings are uniform, c = 1/J, and that softmax is skipped; later couplings are
-    a softmax over the J output capsules; b grows by the agreement u_hat . v. Unless
-    ``full_graph``, gradients flow through the last iteration only (the earlier iterations
-    see a detached u_hat), as in most reference code. ``none_of_the_above`` adds the
-    paper's extra routing category (:func:`couplings`). Runs in float32 (or float64) even
-    under autocast.
-    """
-    for step in routing_steps(u_hat, iterations, full_graph, none_of_the_above):
-        v = step.v
-    return v
-
-
-@register_router
 class DynamicRouter(Router):
-    """Procedure 1 as a :class:`~capsnet.layers.router.Router`: votes u_hat (B, J, I, D)
+    """Procedure 1 as a :class:`~capsnet.routing.Router`: predictions u_hat (B, J, I, D)
     -> poses v (B, J, D), activations |v| (B, J) (a capsule's length is its class score),
     and the couplings c (B, J, I) of every iteration. The first iteration's are the uniform
     1/J (1/(J+1) with the none-of-the-above category), reported as a stride-0 view: the
     routing itself never builds them. Child activations are not used: in dynamic routing a
-    child's length is inside its vote. No parameters: a model's state_dict is unchanged."""
+    child's length is inside its prediction. No parameters: a model's state_dict is unchanged."""
 
     name = "dynamic"
     coupling_symbol = "c"
@@ -123,23 +106,23 @@ class DynamicRouter(Router):
     def steps(self, u_hat: torch.Tensor) -> Iterator[RoutingStep]:
         return routing_steps(u_hat, self.iterations, self.full_graph, self.none_of_the_above)
 
-    def forward(self, votes: torch.Tensor, activations: torch.Tensor | None = None,
+    def forward(self, u_hat: torch.Tensor, activations: torch.Tensor | None = None,
                 children: torch.Tensor | None = None,
                 num_children: int | None = None) -> Routed:
         fully_connected_only(self, children)
         c = []
-        for step in self.steps(votes):
+        for step in self.steps(u_hat):
             c.append(step.c)  # (B, J, I); None in the first iteration
         v = step.v  # (B, J, D) float32
-        c[0] = uniform_couplings(votes, uniform_share(votes.shape[1], self.none_of_the_above),
+        c[0] = uniform_couplings(u_hat, uniform_share(u_hat.shape[1], self.none_of_the_above),
                                  v.dtype)  # (B, J, I) a view of 1/J
         return Routed(v, torch.linalg.vector_norm(v, dim=-1), tuple(c))  # (B,J,D), (B,J)
 
-    def agreements(self, votes: torch.Tensor,
+    def agreements(self, u_hat: torch.Tensor,
                    activations: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """u_hat . v of every iteration (B, J, I); the sum of the first r is the logits b
         of iteration r + 1. The last one, which routing does not use, is computed here."""
-        u_hat = full_precision(votes)  # (B, J, I, D)
+        u_hat = full_precision(u_hat)  # (B, J, I, D)
         out = []
         for step in self.steps(u_hat):
             agreement = step.agreement  # (B, J, I); None after the last iteration

@@ -1,11 +1,11 @@
 """Inverted dot-product attention routing (Tsai, Srivastava, Goh & Salakhutdinov, "Capsules
 with Inverted Dot-Product Attention Routing", ICLR 2020), as a
-:class:`~capsnet.layers.router.Router` named ``inverted-attention``.
+:class:`~capsnet.routing.Router` named ``inverted-attention``.
 
 The paper's Procedure 1, for one layer L -> L + 1 (children i, parents j), in its equations:
 
-- vote (Eq. 1, line 2): v_ij = W_ij p_i. In capsnet the votes are DigitCaps' u_hat,
-  ``votes[b, j, i]``; the router starts from them.
+- vote (Eq. 1, line 2): v_ij = W_ij p_i, the prediction DigitCaps computes as
+  ``u_hat[b, j, i]`` (the same tensor under Sabour et al.'s name); the router starts from it.
 - agreement (Eq. 2, line 3): a_ij = p_j^T v_ij, with p_j the parent's pose from the previous
   iteration, "set to 0 initially".
 - routing coefficient (Eq. 3, line 4): r_ij = exp(a_ij) / sum_j' exp(a_ij'), a softmax over
@@ -44,19 +44,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from capsnet.layers.router import (
-    Routed,
-    Router,
-    fully_connected_only,
-    register_router,
-    uniform_couplings,
-)
 from capsnet.layers.squash import full_precision, squash
+from capsnet.routing import Routed, Router, fully_connected_only, uniform_couplings
 
 
-@register_router
 class InvertedAttentionRouter(Router):
-    """votes (B, J, I, D) -> poses p (B, J, D) (LayerNorm'd), activations |squash(s_j)|
+    """u_hat (B, J, I, D) -> poses p (B, J, D) (LayerNorm'd), activations |squash(s_j)|
     (B, J) and the routing coefficients r (B, J, I) of every iteration (the first the
     uniform 1/J). Children's activations are not used (the algorithm has none). Runs in
     float32 under autocast; its parameters are the LayerNorm's gain and bias."""
@@ -83,39 +76,39 @@ class InvertedAttentionRouter(Router):
         return f"iterations={self.iterations}"
 
     @staticmethod
-    def weighted_votes(r: torch.Tensor, votes: torch.Tensor) -> torch.Tensor:
-        """Line 5: s_j = sum_i r_ij v_ij. r: (B, J, I), votes: (B, J, I, D) -> (B, J, D)."""
-        return torch.matmul(r.unsqueeze(2), votes).squeeze(2)  # (B,J,1,I) @ (B,J,I,D)
+    def weighted_sum(r: torch.Tensor, u_hat: torch.Tensor) -> torch.Tensor:
+        """Line 5: s_j = sum_i r_ij v_ij. r: (B, J, I), u_hat: (B, J, I, D) -> (B, J, D)."""
+        return torch.matmul(r.unsqueeze(2), u_hat).squeeze(2)  # (B,J,1,I) @ (B,J,I,D)
 
-    def agreement(self, p: torch.Tensor, votes: torch.Tensor) -> torch.Tensor:
+    def agreement(self, p: torch.Tensor, u_hat: torch.Tensor) -> torch.Tensor:
         """Eq. 2, scaled: a_ij = p_j . v_ij / sqrt(D). p: (B, J, D) -> (B, J, I)."""
-        return torch.matmul(votes, p.unsqueeze(-1)).squeeze(-1) * self.scale  # (B, J, I)
+        return torch.matmul(u_hat, p.unsqueeze(-1)).squeeze(-1) * self.scale  # (B, J, I)
 
-    def forward(self, votes: torch.Tensor, activations: torch.Tensor | None = None,
+    def forward(self, u_hat: torch.Tensor, activations: torch.Tensor | None = None,
                 children: torch.Tensor | None = None,
                 num_children: int | None = None) -> Routed:
         fully_connected_only(self, children)
-        with torch.autocast(device_type=votes.device.type, enabled=False):
-            votes = full_precision(votes)  # (B, J, I, D)
-            J = votes.shape[1]
-            r = uniform_couplings(votes, 1.0 / J, votes.dtype)  # (B, J, I): p = 0 -> a = 0
+        with torch.autocast(device_type=u_hat.device.type, enabled=False):
+            u_hat = full_precision(u_hat)  # (B, J, I, D)
+            J = u_hat.shape[1]
+            r = uniform_couplings(u_hat, 1.0 / J, u_hat.dtype)  # (B, J, I): p = 0 -> a = 0
             couplings = [r]
-            s = self.weighted_votes(r, votes)  # (B, J, D)
+            s = self.weighted_sum(r, u_hat)  # (B, J, D)
             for _ in range(self.iterations - 1):
-                r = torch.softmax(self.agreement(self.norm(s), votes), dim=1)  # (B, J, I)
+                r = torch.softmax(self.agreement(self.norm(s), u_hat), dim=1)  # (B, J, I)
                 couplings.append(r)
-                s = self.weighted_votes(r, votes)  # (B, J, D)
+                s = self.weighted_sum(r, u_hat)  # (B, J, D)
             p = self.norm(s)  # (B, J, D) line 6
             scores = torch.linalg.vector_norm(squash(s), dim=-1)  # (B, J) in [0, 1)
         return Routed(p, scores, tuple(couplings))
 
     @torch.no_grad()
-    def agreements(self, votes: torch.Tensor,
+    def agreements(self, u_hat: torch.Tensor,
                    activations: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """Eq. 2 (scaled) for the poses of every iteration, (B, J, I) each: the softmax over
         j of iteration t's is iteration t + 1's coefficients."""
-        with torch.autocast(device_type=votes.device.type, enabled=False):
-            couplings = self(votes).couplings
-            votes = full_precision(votes)  # (B, J, I, D)
-            return tuple(self.agreement(self.norm(self.weighted_votes(r, votes)), votes)
+        with torch.autocast(device_type=u_hat.device.type, enabled=False):
+            couplings = self(u_hat).couplings
+            u_hat = full_precision(u_hat)  # (B, J, I, D)
+            return tuple(self.agreement(self.norm(self.weighted_sum(r, u_hat)), u_hat)
                          for r in couplings)
