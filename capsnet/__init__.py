@@ -5,7 +5,7 @@ measurement) -> ``data`` -> ``loading`` -> ``training`` (the one epoch driver) -
 ``experiments``; using a model: ``inference``, ``preprocess``, ``routing_trace``, ``figures``,
 ``export``. The applications ``cli`` and ``web`` sit on top. See docs/architecture.md.
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from capsnet.config import CapsNetConfig, CNNConfig, make_config  # noqa: E402
 from capsnet.inference import predict  # noqa: E402
