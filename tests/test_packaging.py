@@ -139,3 +139,12 @@ def test_one_version_in_the_package_the_changelog_and_the_citation():
     citation = (REPO / "CITATION.cff").read_text(encoding="utf-8")
     assert re.search(rf"^version: {re.escape(version)}$", citation, re.MULTILINE)
     assert "Dynamic Routing Between Capsules" in citation
+
+
+def test_every_docs_page_is_in_the_site_nav():
+    """mkdocs build --strict (CI) fails on a page missing from mkdocs.yml's nav: caught here
+    first, in a second."""
+    config = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+    in_nav = set(re.findall(r"^\s+- (?:[^:\n]+: )?(\S+\.md)\s*$", config, re.MULTILINE))
+    pages = {path.name for path in (REPO / "docs").glob("*.md")}
+    assert pages - in_nav == set(), "add these docs pages to the nav in mkdocs.yml"
