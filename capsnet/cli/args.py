@@ -15,6 +15,7 @@ from capsnet.data.image_dataset import ImageDataset
 from capsnet.data.model_view import load_test_set
 from capsnet.data.sources import DataNotFoundError
 from capsnet.devices import pick_device, tune_backends
+from capsnet.extras import MissingExtraError
 from capsnet.layers.gemm_conv import CONV_IMPLS
 from capsnet.loading import CheckpointError, load_model
 from capsnet.models.precision import PRECISIONS
@@ -44,7 +45,7 @@ from capsnet.tuning.memory import MemoryExceeded
 
 # Errors shown as 'capsnet: error: <message>' with no traceback.
 USER_ERRORS = (IDXError, DataNotFoundError, CheckpointError, FolderDatasetError,
-               NonFiniteLossError, MemoryExceeded, FileNotFoundError, ValueError)
+               NonFiniteLossError, MemoryExceeded, MissingExtraError, FileNotFoundError, ValueError)
 DEFAULTS = TrainSettings()
 # What --model NAME trains.
 MODEL_HELP = {"capsnet": "CapsNet (Sabour et al. 2017)", "cnn": "its CNN baseline",

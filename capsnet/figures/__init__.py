@@ -8,7 +8,14 @@
   (:func:`routing_types_figure`: per capsule type, for children without a spatial grid);
 - :func:`rotation_figure`, :func:`examples_figure`, :func:`pairs_figure`: robustness
   experiments and MultiMNIST.
+
+Needs matplotlib (``pip install "capsnet[plot]"``): without it, importing this package raises
+:class:`capsnet.extras.MissingExtraError` with that command.
 """
+from capsnet.extras import require_extra
+
+require_extra("plot")
+# ruff: noqa: E402 (the imports below come after the check)
 from capsnet.figures.capsules import manipulation_figure, prediction_figure, reconstruction_figure
 from capsnet.figures.common import mosaic, save_figure
 from capsnet.figures.curves import curve_series, training_curves_figure
