@@ -102,7 +102,8 @@ def run_cli(*argv: str) -> dict:
 
 def run_forked(request: dict) -> int:
     """In the forked process: its own session, output and environment; then the request's
-    ``python ARGV`` (``-m MODULE ...`` or ``SCRIPT ...``). Returns the exit status."""
+    ``python ARGV`` (``-m MODULE ...``, ``-c CODE ...`` or ``SCRIPT ...``). Returns the
+    exit status."""
     os.setsid()
     pipe = os.open(request["fifo"], os.O_WRONLY)
     os.dup2(pipe, 1)
@@ -120,6 +121,9 @@ def run_forked(request: dict) -> int:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        elif argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
         else:
             sys.argv = list(argv)
             runpy.run_path(argv[0], run_name="__main__")

@@ -93,8 +93,8 @@ TINY = Profile(2.9, {"health": 90, "check": 45, "epochs": 40, "epoch_run": 30, "
                robustness_limit=100)
 
 
-class Stopped(Exception):
-    """SIGTERM: write what is done and end."""
+class Stopped(BaseException):
+    """SIGTERM: write what is done and end (no part catches it as its own failure)."""
 
 
 class OutOfTime(Exception):
@@ -253,13 +253,19 @@ class Job:
             self.kill()
         return self.proc.poll() is not None
 
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
     def kill(self) -> None:
         for sig, grace in ((signal.SIGTERM, KILL_GRACE), (signal.SIGKILL, 5.0)):
+            self.signal(sig)
             try:
-                os.killpg(self.proc.pid, sig)
                 self.proc.wait(grace)
                 return
-            except (ProcessLookupError, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 continue
 
     def wait(self, c: Campaign) -> dict:
@@ -336,10 +342,16 @@ class Campaign:
         return self.capsnet("train", "--preset", self.profile.preset, "--no-progress",
                             "--out-dir", str(out_dir), *args)
 
+    def on_signal(self, signum, frame) -> None:
+        self.stopping = True  # no job starts any more
+        raise Stopped(f"signal {signum}")
+
     def stop_all(self) -> None:
         with self.lock:
             self.stopping = True
             live = list(self.live)
+        for job in live:
+            job.signal(signal.SIGTERM)
         for job in live:
             job.kill()
 
@@ -468,7 +480,7 @@ def health(c: Campaign) -> None:
                 c.write("health", checks={**c.records["health"]["checks"], **found})
                 c.log("health: " + ", ".join(f"{k} {verdict(v)}" for k, v in found.items()))
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # running jobs end at the cap
+        pool.shutdown(wait=not c.stopping, cancel_futures=True)  # jobs end at the cap
         c.part_deadline = math.inf
     c.write("health", state="done" if not pending else "capped")
 
@@ -654,13 +666,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def stop_on_signal(signum, frame) -> None:
-    raise Stopped(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     c = Campaign(parse_args(argv))
-    signal.signal(signal.SIGTERM, stop_on_signal)
+    signal.signal(signal.SIGTERM, c.on_signal)
     c.log(f"gpu_campaign first on {c.args.device}: budget {c.minutes:g} min, work {c.work}, "
           f"out {c.out}")
     code = 0
