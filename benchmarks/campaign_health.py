@@ -141,6 +141,8 @@ def serve() -> dict:
 
     import capsnet.cli.main  # noqa: F401
 
+    if torch.cuda.is_initialized():  # a fork would inherit a CUDA context it cannot use
+        return {"served": False, "why": "CUDA was initialised before the first fork"}
     children = {}
     while True:
         ready, _, _ = select.select([sys.stdin], [], [], 0.1)

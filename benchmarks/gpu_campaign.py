@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import csv
 import importlib.util
 import json
@@ -186,6 +187,11 @@ class Zygote:
             if line.startswith("{"):
                 message = json.loads(line)
                 self.forked[message["id"]].answer(message)
+        for forked in list(self.forked.values()):  # the server is gone: so are its jobs
+            if forked.pid and forked.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(forked.pid, signal.SIGKILL)
+            forked.answer({"rc": -signal.SIGKILL})
 
     def start(self, argv: list, env: dict) -> Forked | None:
         """The job forked, or None when the server is gone (then a fresh process runs it)."""
@@ -195,9 +201,12 @@ class Zygote:
             key = len(self.forked) + 1
             forked = self.forked[key] = Forked(self.fifos / f"job-{key}")
             os.mkfifo(forked.fifo)
-            self.proc.stdin.write(json.dumps({"id": key, "argv": argv, "env": env,
-                                              "cwd": str(REPO), "fifo": str(forked.fifo)}) + "\n")
-            self.proc.stdin.flush()
+            try:
+                self.proc.stdin.write(json.dumps({"id": key, "argv": argv, "env": env, "cwd":
+                                                  str(REPO), "fifo": str(forked.fifo)}) + "\n")
+                self.proc.stdin.flush()
+            except OSError:  # it ended between the check and the request
+                return None
         return forked if forked.started.wait(ZYGOTE_WAIT) and forked.pid else None
 
     def close(self) -> None:
@@ -307,7 +316,7 @@ class Campaign:
         self.zygote: Zygote | None = None
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
-            "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg",
+            "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
             "CAPSNET_CACHE_DIR": str(self.work / "cache")}  # the speed plans, measured once
         if self.profile.threads:
             self.env["OMP_NUM_THREADS"] = self.profile.threads
