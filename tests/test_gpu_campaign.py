@@ -221,3 +221,8 @@ def test_sigterm_part_way_leaves_a_log_and_partial_json_and_no_process(tiny_mnis
     assert not (out / "protocol.json").exists()
     time.sleep(2.0)
     assert processes_mentioning(str(work)) == []
+
+
+def test_the_shipped_models_cpu_figure_is_read_from_the_readme():
+    """`evaluate` on the GPU is held to the figure the README states for the CPU."""
+    assert 0.99 < gpu_campaign.stated_accuracy() < 1.0
