@@ -577,8 +577,9 @@ def protocol(c: Campaign) -> None:
                               "seconds_left": round(left)})
     jobs = [Job(f"seed-{s}", c.train(root / f"seed-{s}", *recipe, "--seed", str(s), *limit),
                 left).start(c) for s in SEEDS]
-    while not all([job.done() for job in jobs]):
+    while not all([job.done() for job in jobs]):  # snapshots: a kill still returns curves
         c.write("protocol", seeds=seed_records(root))
+        archive(c)
         time.sleep(SNAPSHOT_SECONDS)
     runs = {job.name: job.wait(c) for job in jobs}
     unfinished = [s for s in SEEDS if not (read_json(root / f"seed-{s}" / "results.json") or {})
