@@ -84,18 +84,21 @@ class Profile:
     robustness_limit: int = 2000
 
 
-GPU = Profile(9.0, {"health": 90, "check": 75, "epochs": 100, "epoch_run": 60, "compile": 240},
-              "paper", ("--subset", "512", "--val-size", "500"), (), {"paper": 50, "fast": 15},
-              4, 40.0, 25.0, 60.0, ("--batch-size", "128", "--warmup", "3", "--repeats", "10",
-                                    "--cases", "seed-style,broadcast-style,capsnet,"
-                                    "capsnet-fp32-native,capsnet-bf16-native,"
-                                    "capsnet-bf16-channels_last"), threads="4")
-TINY = Profile(2.9, {"health": 90, "check": 45, "epochs": 40, "epoch_run": 30, "compile": 0},
-               "small", ("--subset", "128", "--val-size", "100", "--batch-size", "32"),
-               ("--subset", "512", "--val-size", "100"), {"paper": 3, "fast": 2}, 2, 15.0, 6.0,
-               20.0, ("--batch-size", "2", "--warmup", "0", "--repeats", "1",
-                      "--cases", "capsnet,broadcast-style"), threads="1", shrink=(2000, 100),
-               robustness_limit=100)
+GPU = Profile(
+    minutes=9.0, caps={"health": 90, "check": 75, "epochs": 100, "epoch_run": 60, "compile": 240},
+    preset="paper", check_args=("--subset", "512", "--val-size", "500"), epoch_args=(),
+    recipe_epochs={"paper": 50, "fast": 15}, concurrency=4, protocol_fixed=40.0, final=25.0,
+    bench_min=60.0, threads="4",
+    bench_args=("--batch-size", "128", "--warmup", "3", "--repeats", "10", "--cases",
+                "seed-style,broadcast-style,capsnet,capsnet-fp32-native,capsnet-bf16-native,"
+                "capsnet-bf16-channels_last"))
+TINY = Profile(
+    minutes=2.9, caps={"health": 90, "check": 45, "epochs": 40, "epoch_run": 30, "compile": 0},
+    preset="small", check_args=("--subset", "128", "--val-size", "100", "--batch-size", "32"),
+    epoch_args=("--subset", "512", "--val-size", "100"), recipe_epochs={"paper": 3, "fast": 2},
+    concurrency=2, protocol_fixed=15.0, final=6.0, bench_min=20.0, threads="1",
+    bench_args=("--batch-size", "2", "--warmup", "0", "--repeats", "1",
+                "--cases", "capsnet,broadcast-style"), shrink=(2000, 100), robustness_limit=100)
 
 
 class Stopped(BaseException):
@@ -664,7 +667,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    p = commands.add_parser("first", help="health, epoch times, the protocol, benchmarks")
+    p = commands.add_parser("first", help="health, epoch times, the protocol, benchmarks",
+                            description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=str(REPO / ".gpu-data" / "mnist"),
                    help="the four MNIST IDX files (never downloaded; default .gpu-data/mnist)")
     p.add_argument("--out", default=os.environ.get("OUT", "runs/first"),

@@ -125,6 +125,7 @@ def test_forked_jobs_report_lines_results_and_exit_status_and_are_capped(tmp_pat
         c.zygote.close()
 
 
+@pytest.mark.slow
 def test_the_campaign_imports_the_standard_library_only_and_its_jobs_no_flask():
     """The orchestrator loads nothing but the standard library (its clock starts at once);
     its torch side loads no Flask (absent from the GPU image) and no ONNX."""
@@ -226,3 +227,17 @@ def test_sigterm_part_way_leaves_a_log_and_partial_json_and_no_process(tiny_mnis
 def test_the_shipped_models_cpu_figure_is_read_from_the_readme():
     """`evaluate` on the GPU is held to the figure the README states for the CPU."""
     assert 0.99 < gpu_campaign.stated_accuracy() < 1.0
+
+
+MNIST_BYTES = 11_374_211  # the four .gz IDX files that travel with the tree
+CARRY_LIMIT = 64 * 2**20  # what a device command takes along
+CARRY_MARGIN = 0.75  # "well under": at most three quarters of it
+
+
+def test_the_tree_that_travels_with_mnist_stays_well_under_64_mib():
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    files = [REPO / name for name in listed.stdout.decode().split("\0") if name]
+    size = sum(path.stat().st_size for path in files if path.is_file())
+    assert size + MNIST_BYTES < CARRY_MARGIN * CARRY_LIMIT, f"{size / 2**20:.1f} MiB tracked"
