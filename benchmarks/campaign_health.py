@@ -143,13 +143,15 @@ def serve() -> dict:
 
     if torch.cuda.is_initialized():  # a fork would inherit a CUDA context it cannot use
         return {"served": False, "why": "CUDA was initialised before the first fork"}
-    children = {}
+    children, pending = {}, b""
     while True:
-        ready, _, _ = select.select([sys.stdin], [], [], 0.1)
-        line = sys.stdin.readline() if ready else None
-        if line == "":  # stdin closed: the campaign ended
+        ready, _, _ = select.select([0], [], [], 0.1)
+        chunk = os.read(0, 65536) if ready else None  # unbuffered: no line waits in a buffer
+        if chunk == b"":  # stdin closed: the campaign ended
             return {"served": True}
-        if line:
+        pending += chunk or b""
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
             request = json.loads(line)
             sys.stdout.flush()
             pid = os.fork()

@@ -154,11 +154,14 @@ class Forked:
     """What a Job uses of a Popen, for a process that the Zygote forked."""
 
     def __init__(self, fifo: Path):
-        self.fifo, self.pid, self.returncode = fifo, None, None
+        self.fifo, self.pid, self.returncode, self.abandoned = fifo, None, None, False
         self.started, self.ended = threading.Event(), threading.Event()
 
     def answer(self, message: dict) -> None:
         self.pid = message.get("pid", self.pid)
+        if self.abandoned and "pid" in message:  # too late: a fresh process runs the job
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
         self.started.set()
         if "rc" in message:
             self.returncode = message["rc"]
@@ -214,7 +217,10 @@ class Zygote:
                 self.proc.stdin.flush()
             except OSError:  # it ended between the check and the request
                 return None
-        return forked if forked.started.wait(ZYGOTE_WAIT) and forked.pid else None
+        if forked.started.wait(ZYGOTE_WAIT) and forked.pid:
+            return forked
+        forked.abandoned = True
+        return None
 
     def close(self) -> None:
         try:

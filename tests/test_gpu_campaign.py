@@ -121,6 +121,18 @@ def test_forked_jobs_report_lines_results_and_exit_status_and_are_capped(tmp_pat
         assert record["tail"][-1] == "x"
         hung = Job("hung", ["-c", "import time; time.sleep(60)"], cap=1.0).run(c)
         assert hung["timed_out"] and hung["rc"] == -signal.SIGTERM
+        # two requests in one write: each is forked (none waits in the server's buffer)
+        lines = ""
+        for key in (101, 102):
+            forked = c.zygote.forked[key] = gpu_campaign.Forked(tmp_path / f"fifo-{key}")
+            os.mkfifo(forked.fifo)
+            lines += json.dumps({"id": key, "argv": ["-c", f"print({key})"], "env": c.env,
+                                 "cwd": str(REPO), "fifo": str(forked.fifo)}) + "\n"
+        c.zygote.proc.stdin.write(lines)
+        c.zygote.proc.stdin.flush()
+        for key in (101, 102):
+            assert c.zygote.forked[key].started.wait(20), f"request {key} was not forked"
+            assert c.zygote.forked[key].stdout.read() == f"{key}\n"
     finally:
         c.zygote.close()
 
