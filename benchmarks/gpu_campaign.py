@@ -1,567 +1,748 @@
-"""The paper's numbers from a lent GPU, stage by stage, each call within a time budget.
+"""One command for a fresh GPU machine: is it healthy, how fast is an epoch, and the paper's
+three-seed protocol, each part capped and written to --out the moment it ends.
 
-    PYTHONPATH=. python3 benchmarks/gpu_campaign.py STAGE --data-dir .gpu-data/mnist --out $OUT
+    python -m benchmarks.gpu_campaign first --data-dir .gpu-data/mnist --out OUT
+    python -m benchmarks.gpu_campaign first --tiny --device cpu --data-dir D --out OUT
 
-Every call first checks the machine, in well under a minute (-> health.json): the device,
-its compute capability, torch/CUDA/cuDNN versions and native 16-bit precisions, the speed
-plan chosen for the paper CapsNet at batch 128, one timed training step, and the memory
-estimate against the peak the step allocated.
-
-Stages (each resumable: call it again and it continues from --work; done runs are skipped):
-
-  bench       training-step and inference speed at batch 128 (benchmarks/bench.py): the
-              references, fp32 and the native 16-bit precision on each convolution path,
-              the measured plan ('capsnet'), torch.compile and (GPU) CUDA graphs; peak
-              memory (GPU); and two full MNIST training epochs (55,000 images, batch 128)
-              with the default plan, by `fit`: the second is the one reported (the first
-              pays for cuDNN's autotuning and the allocator's growth; goal: under 10 s on
-              an H100).                                                        -> bench.json
-  paper       the paper's recipe (3 routing iterations, reconstruction 0.0005, 2-pixel
-              shifts, Adam, exponential decay), --epochs per seed, once per --seed as
-              `capsnet repeat` does (each seed selected by validation, tested once at its
-              end); mean ± std and the ensemble once every seed is done.
-                                                 -> paper.json, paper-capsnet.safetensors
-  cnn         the paper's 35.4M-parameter CNN baseline, the same recipe, the first seed.
-                                                 -> cnn.json (its 71 MB of weights stay in --work)
-  affnist     paper-size CapsNet and CNN trained on MNIST placed on 40x40 until validation
-              accuracy reaches 0.992 (at most --epochs), then compared on placed MNIST and
-              the affine test set.                                             -> affnist.json
-  multimnist  paper-size CapsNet on MultiMNIST (shifts of up to 4 px), trained as far as
-              the budget allows and tested where it stands (a later call trains on and tests
-              again).                                                          -> multimnist.json
-  all         the stages in this order (the default); each gets the rest of the budget, or
-              at most --stage-minutes.
-
-Every call appends its printed output to campaign.log in --out. A run's epochs stop before
-one would overrun the budget (TrainSettings.time_limit, with a margin for the test); the run
-is then incomplete and the next call resumes it. --finish tests incomplete runs where they
-stand (for the last call when device time runs out). --tiny runs every stage in seconds on
-a CPU (small preset, a few hundred images, 1 epoch, tiny test sets): a smoke test.
+The plan of minutes (--minutes 9; the clock starts with the process):
+  1. health (cap 1.5 min): device facts; a few training steps of the paper CapsNet in fp32,
+     bf16 and fp16 (gradient scaling), of the CNN, the EM model and Efficient-CapsNet;
+     resume equal to an uninterrupted run; a real out-of-memory turned into one line;
+     `evaluate` of the shipped weights on the device against the CPU; the affine test set,
+     predict, the routing figure and ONNX/TorchScript export. torch.compile warms in the
+     background meanwhile (one batch shape, capped).                      -> health.json
+  2. epoch times (cap 1.7 min): two full epochs of the paper CapsNet in fp32 and in the
+     automatic choice: training, validation and checkpoint seconds, peak memory against the
+     estimate; the compiled run's compile seconds and epoch time.         -> bench.json
+  3. the protocol (the rest): seeds 1, 2, 3 at once, the paper recipe (50 epochs) when the
+     measured epoch says all three finish with a margin, else the fast recipe; each tested
+     once; mean ± std and the ensemble (`capsnet repeat`); curves every few seconds.
+                          -> protocol.json, paper-capsnet.safetensors, seeds.tar.gz
+  4. only with time left: the eager benchmark cases against the reference implementations
+     (benchmarks/bench.py).                                               -> bench.json
+Every part runs in processes of its own with a hard cap; a failed check is recorded and the
+command goes on; SIGTERM writes what is done. This file imports the standard library only.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
+import csv
+import importlib.util
 import json
+import math
 import os
-import shutil
+import re
+import signal
+import subprocess
 import sys
+import tarfile
+import tempfile
+import threading
 import time
-import traceback
-from argparse import Namespace
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
+STARTED = time.monotonic()  # the budget's clock: only the standard library is loaded before
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from benchmarks import bench  # noqa: E402
-from benchmarks.campaign_health import health_check, print_health  # noqa: E402
-from benchmarks.campaign_runs import (  # noqa: E402
-    Budget,
-    RunSpec,
-    advance,
-    export_selected,
-    read_results,
-    run_summary,
-)
-from capsnet.data.datasets import load_split  # noqa: E402
-from capsnet.devices import pick_device  # noqa: E402
-from capsnet.experiments.affnist import compare, format_comparison, train_affnist  # noqa: E402
-from capsnet.experiments.matching import matched_checkpoints  # noqa: E402
-from capsnet.experiments.multimnist_training import train_multimnist  # noqa: E402
-from capsnet.experiments.robustness import NamedModel  # noqa: E402
-from capsnet.loading import load_model  # noqa: E402
-from capsnet.training.fit import fit  # noqa: E402
-from capsnet.training.metrics_log import read_metrics  # noqa: E402
-from capsnet.training.repeat import summarise  # noqa: E402
-from capsnet.training.settings import TrainSettings  # noqa: E402
-from capsnet.tuning import tune_for_inference  # noqa: E402
-
-STAGES = ("bench", "paper", "cnn", "affnist", "multimnist")
-EPOCHS = 50
-GOAL_EPOCH_SECONDS = 10.0  # one MNIST training epoch on an H100
-GOAL_WORDS = {True: "met", False: "not met", None: "not judged (--tiny)"}
-AFFNIST_TARGET = 0.992  # the paper trains both models to about 99.2% on placed MNIST
-MULTIMNIST_SHIFT = 4
-# --tiny: every stage in seconds on a CPU
-TINY = {"preset": "small", "subset": 300, "val_size": 100, "precision": "fp32",
-        "conv_impl": "gemm"}
-TINY_TEST = 100  # test digits (affNIST) and test pairs (MultiMNIST)
-TINY_BENCH_CASES = ("capsnet", "capsnet-fp32-gemm", "capsnet-bf16-gemm")
-COMPILE_CASE = "capsnet-compile"
-# seconds, on a GPU: a run's setup before its first epoch, its test at the end, an epoch no
-# run has measured yet, and the parts of `bench`
-MARGINS = {"setup": 30.0, "final": 30.0, "unknown_epoch": 60.0}
-BENCH_PARTS = {"cases": 240.0, "epoch": 90.0, "memory": 90.0, "cuda_graphs": 150.0}
-HEALTH_BATCH = 128  # the paper's batch; --tiny: TINY_HEALTH_BATCH
-TINY_HEALTH_BATCH = 4
-HEALTH_STEPS = 3  # timed training steps after one warm-up step
+SHIPPED = REPO / "capsnet" / "weights" / "capsnet-mnist.safetensors"
+RESULT_PREFIX = "campaign-result: "  # benchmarks/campaign_health.py's last line
+OUT_LIMITS = {"files": 8, "file_bytes": 16 * 2**20, "depth": 2}  # what a command brings back
+SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+SEEDS = (1, 2, 3)
+# Each of three seeds' epochs on one GPU against one run alone: assumed (host-bound
+# processes overlap on 16 cores, the GPU's share grows); protocol.json records the real one.
+CONCURRENT_SLOWDOWN = 1.6
+GATE_MARGIN = 0.15  # the protocol must fit in the time left with this fraction to spare
+SNAPSHOT_SECONDS = 5.0  # protocol.json's curves while the seeds train
+KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL for a job past its cap
+ZYGOTE_WAIT = 60.0  # seconds for the fork server's answer (it imports torch first)
+EPOCH_LINE = re.compile(r"^epoch (\d+) \|")
+ONE_SHAPE_SUBSET = 429 * 128  # 54,912 training images: every compiled batch 128 images
+MNIST_TEST_IMAGES = 10_000
+STATED = re.compile(r"shipped model[^*]*\*\*(\d+\.\d+)% test accuracy\*\*")  # README
 
 
-@dataclass
-class Campaign:
-    """What every stage is given: the options, the device, the directories."""
+@dataclass(frozen=True)
+class Profile:
+    """The sizes of a real campaign (GPU) or its rehearsal (--tiny, a CPU)."""
 
-    args: Namespace
-    device: torch.device
-    work: Path
-    out: Path
-    argv: list[str]
+    minutes: float
+    caps: dict  # seconds: health, check, epochs, epoch_run, compile
+    preset: str
+    check_args: tuple  # a health check's training size
+    epoch_args: tuple  # the timed epochs' size (empty: all 55,000 images)
+    recipe_epochs: dict
+    concurrency: int  # health checks at a time
+    protocol_fixed: float  # seconds of the protocol besides its epochs: start, test, summary
+    final: float  # seconds kept for the end: finishing stopped seeds, archive, last JSON
+    bench_min: float  # the benchmark cases run only with this much time left
+    bench_args: tuple
+    threads: str | None = None  # OMP_NUM_THREADS of each process
+    shrink: tuple | None = None  # (train, test) images of a smaller MNIST copy
+    robustness_limit: int = 2000
+
+
+GPU = Profile(
+    minutes=9.0, caps={"health": 90, "check": 75, "epochs": 100, "epoch_run": 60, "compile": 240},
+    preset="paper", check_args=("--subset", "512", "--val-size", "500"), epoch_args=(),
+    recipe_epochs={"paper": 50, "fast": 15}, concurrency=4, protocol_fixed=40.0, final=25.0,
+    bench_min=60.0, threads="4",
+    bench_args=("--batch-size", "128", "--warmup", "3", "--repeats", "10", "--cases",
+                "seed-style,broadcast-style,capsnet,capsnet-fp32-native,capsnet-bf16-native,"
+                "capsnet-bf16-channels_last"))
+TINY = Profile(
+    minutes=2.9, caps={"health": 90, "check": 45, "epochs": 40, "epoch_run": 30, "compile": 0},
+    preset="small", check_args=("--subset", "128", "--val-size", "100", "--batch-size", "32"),
+    epoch_args=("--subset", "512", "--val-size", "100"), recipe_epochs={"paper": 3, "fast": 2},
+    concurrency=2, protocol_fixed=15.0, final=6.0, bench_min=20.0, threads="1",
+    bench_args=("--batch-size", "2", "--warmup", "0", "--repeats", "1",
+                "--cases", "capsnet,broadcast-style"), shrink=(2000, 100), robustness_limit=100)
+
+
+class Stopped(BaseException):
+    """SIGTERM: write what is done and end (no part catches it as its own failure)."""
+
+
+class OutOfTime(Exception):
+    """A job that would start past its part's cap or the command's budget."""
+
+
+def pick_recipe(epoch_seconds: float | None, seconds_left: float, recipe_epochs: dict,
+                fixed: float, seeds: int = len(SEEDS)) -> dict:
+    """The gate: the paper recipe when its epochs, for ``seeds`` concurrent runs, and
+    ``fixed`` seconds of start-up and test fit in ``seconds_left`` with GATE_MARGIN to spare;
+    else the fast recipe, its epochs cut to what fits (at least one). ``epoch_seconds`` is
+    one run's epoch alone, validation and checkpoint included (None: not measured)."""
+    slowdown = CONCURRENT_SLOWDOWN if seeds > 1 else 1.0
+    usable = seconds_left / (1 + GATE_MARGIN) - fixed
+    if epoch_seconds is None:
+        return {"recipe": "fast", "epochs": recipe_epochs["fast"], "predicted_seconds": None,
+                "why": "no epoch time measured: the fast recipe, stopped by its time limit"}
+    per_epoch = epoch_seconds * slowdown
+    for recipe in ("paper", "fast"):
+        if recipe_epochs[recipe] * per_epoch <= usable:
+            return {"recipe": recipe, "epochs": recipe_epochs[recipe],
+                    "predicted_seconds": round(fixed + recipe_epochs[recipe] * per_epoch, 1),
+                    "why": f"{recipe_epochs[recipe]} epochs x {per_epoch:.1f} s fit in "
+                           f"{usable:.0f} s"}
+    epochs = max(1, min(recipe_epochs["fast"], math.floor(usable / per_epoch)))
+    return {"recipe": "fast", "epochs": epochs,
+            "predicted_seconds": round(fixed + epochs * per_epoch, 1),
+            "why": f"only {epochs} epochs x {per_epoch:.1f} s fit in {usable:.0f} s"}
+
+
+def out_problems(out: Path) -> list[str]:
+    """What would not come back from ``out``: more than 8 files, a file over 16 MiB, a file
+    more than two folders down, a name of other characters than letters, digits, . _ -."""
+    files = [p for p in out.rglob("*") if not p.is_dir()]
+    problems = [f"{len(files)} files, over {OUT_LIMITS['files']}"] * (
+        len(files) > OUT_LIMITS["files"])
+    for path in files:
+        rel = path.relative_to(out)
+        if len(rel.parts) - 1 > OUT_LIMITS["depth"]:
+            problems.append(f"{rel}: more than {OUT_LIMITS['depth']} folders down")
+        if not all(SAFE_NAME.fullmatch(part) for part in rel.parts):
+            problems.append(f"{rel}: a name of other characters than letters, digits, . _ -")
+        if path.is_file() and path.stat().st_size > OUT_LIMITS["file_bytes"]:
+            problems.append(f"{rel}: {path.stat().st_size / 2**20:.1f} MiB, over 16 MiB")
+    return problems
+
+
+class Forked:
+    """What a Job uses of a Popen, for a process that the Zygote forked."""
+
+    def __init__(self, fifo: Path):
+        self.fifo, self.pid, self.returncode, self.abandoned = fifo, None, None, False
+        self.started, self.ended = threading.Event(), threading.Event()
+
+    def answer(self, message: dict) -> None:
+        self.pid = message.get("pid", self.pid)
+        if self.abandoned and "pid" in message:  # too late: a fresh process runs the job
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+        self.started.set()
+        if "rc" in message:
+            self.returncode = message["rc"]
+            self.ended.set()
 
     @property
-    def tiny(self) -> bool:
-        return self.args.tiny
+    def stdout(self):
+        return open(self.fifo)  # waits for the process to open its end
 
-    @property
-    def run_argv(self) -> list[str]:
-        """The command line that run directories record (command.txt)."""
-        return ["benchmarks/gpu_campaign.py", *self.argv]
+    def poll(self) -> int | None:
+        return self.returncode
 
-    @property
-    def seeds(self) -> list[int]:
-        return [int(s) for s in self.args.seeds.split(",") if s.strip()]
-
-    def settings(self, **values) -> TrainSettings:
-        """The paper recipe's settings (``TINY``'s under --tiny) with ``values`` on top."""
-        base = {"preset": "paper", "data_dir": self.args.data_dir, "download": False,
-                "epochs": self.args.epochs, "device": self.args.device,
-                "compile": self.args.compile, "progress": False}
-        return TrainSettings(**{**base, **(TINY if self.tiny else {}), **values})
-
-    def has_time(self, budget: Budget, part: str) -> bool:
-        return self.tiny or budget.left() >= BENCH_PARTS[part]
-
-    def write(self, stage: str, record: dict, started: float) -> dict:
-        """``record`` with what ran where, as --out/<stage>.json."""
-        record = {"stage": stage, "device": bench.describe_device(self.device),
-                  "torch": torch.__version__, "tiny": self.tiny,
-                  "command": " ".join(self.run_argv),
-                  "written": time.strftime("%Y-%m-%d %H:%M:%S"),
-                  "seconds_this_call": round(time.monotonic() - started, 1), **record}
-        (self.out / f"{stage}.json").write_text(json.dumps(record, indent=2) + "\n")
-        return record
+    def wait(self, timeout: float | None = None) -> int:
+        if not self.ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+        return self.returncode
 
 
-def pct(value) -> str:
-    return "-" if value is None else f"{100 * value:.2f}%"
+class Zygote:
+    """benchmarks/campaign_health.py serve: torch imported once, each job a fork of it."""
 
+    def __init__(self, c: Campaign):
+        self.fifos, self.forked, self.lock = c.work / "fifos", {}, threading.Lock()
+        self.fifos.mkdir(exist_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.campaign_health", "serve"], cwd=REPO, env=c.env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            start_new_session=True)
+        threading.Thread(target=self._answers, daemon=True).start()
 
-def describe_run(run: dict) -> str:
-    """One line per run for the printed summary."""
-    parts = [f"{run['label']}: epochs {run['epochs_done']}/{run['epochs_target']}",
-             f"best val {pct(run['best_val_accuracy'])} (epoch {run['best_epoch']})"]
-    if run["mean_epoch_seconds"] is not None:
-        parts.append(f"{run['mean_epoch_seconds']:.1f} s/epoch")
-    test = run.get("test", {})
-    if "best" in test or "final" in test:  # the recipe: the validation-selected epoch
-        parts.append(f"test {pct(test.get('best', test.get('final'))['accuracy'])}")
-    elif "mnist_accuracy" in test:  # affNIST
-        parts.append(f"test {pct(test['mnist_accuracy'])} placed, "
-                     f"{pct(test['affine_accuracy'])} affine")
-    elif "error" in test:  # MultiMNIST
-        parts.append(f"test error {pct(test['error'])} ({test['pairs']} pairs)")
-    parts.append("complete" if run["complete"] else "incomplete")
-    return "  " + ", ".join(parts)
+    def _answers(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                message = json.loads(line)
+                self.forked[message["id"]].answer(message)
+        for forked in list(self.forked.values()):  # the server is gone: so are its jobs
+            if forked.pid and forked.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(forked.pid, signal.SIGKILL)
+            forked.answer({"rc": -signal.SIGKILL})
 
-
-# ---------------------------------------------------------------------------- bench
-
-
-def stage_bench(c: Campaign, budget: Budget) -> dict:
-    """Speed cases, one full training epoch, peak memory and CUDA graphs, each part once."""
-    started, work = time.monotonic(), c.work / "bench"
-    work.mkdir(parents=True, exist_ok=True)
-    saved = work / "bench.json"
-    record = json.loads(saved.read_text()) if saved.is_file() else {}
-    gpu = c.device.type == "cuda"
-    parts = {"cases": lambda: bench_cases(c, work, budget, record),
-             "epoch": lambda: bench_epoch(c, work / "epoch"),
-             "memory": lambda: bench_memory(c, record["cases"]),
-             "cuda_graphs": lambda: bench_cuda_graphs(c) if gpu
-             else {"skipped": "CUDA graphs need a GPU", "helpful": None}}
-    for name, measure in parts.items():
-        if name in record:
-            print(f"bench: {name} measured in an earlier call (skipped)")
-        elif name == "memory" and gpu and "cases" not in record:
-            print("bench: memory waits for the cases (next call)")
-        elif c.has_time(budget, name):
-            result = measure()
-            if result is not None:  # None: left for the next call (budget)
-                record[name] = result
-            saved.write_text(json.dumps(record, indent=2) + "\n")
-        else:
-            print(f"bench: {name} left for the next call (budget)")
-    record["complete"] = all(name in record for name in parts)
-    record["goal"] = (f"one training epoch of the paper CapsNet on 55,000 MNIST images at "
-                      f"batch 128 in under {GOAL_EPOCH_SECONDS:.0f} s on an H100")
-    print_bench(record)
-    return c.write("bench", record, started)
-
-
-def bench_cases(c: Campaign, work: Path, budget: Budget, record: dict) -> dict | None:
-    """benchmarks/bench.py's cases on this device, interleaved, as its --json writes them.
-    Should torch.compile fail, its error is recorded and the others run again without it
-    when the budget still has room for them (None: not now; the next call runs them,
-    without the compiled case)."""
-    cases = list(TINY_BENCH_CASES if c.tiny else bench.cases_for(c.device))
-    if "compile_error" in record:
-        cases = [case for case in cases if case != COMPILE_CASE]
-    size = ["--batch-size", "2", "--warmup", "0", "--repeats", "1"] if c.tiny else \
-        ["--batch-size", "128", "--warmup", "3", "--repeats", "20"]
-    path = work / "cases.json"
-
-    def run(cases: list[str]) -> dict:
-        bench.main(["--device", str(c.device), *size, "--cases", ",".join(cases),
-                    "--json", str(path)])
-        return json.loads(path.read_text())
-
-    if COMPILE_CASE not in cases:
-        return {**run(cases), **({"compile_error": record["compile_error"]}
-                                 if "compile_error" in record else {})}
-    try:
-        return run(cases)
-    except Exception as exc:  # torch.compile needs a working Triton; the rest does not
-        record["compile_error"] = f"{type(exc).__name__}: {exc}"[:2000]
-        print(f"bench: {COMPILE_CASE} failed ({type(exc).__name__}: {exc})")
-        if not c.has_time(budget, "cases"):
-            print("bench: the cases without it are left for the next call (budget)")
-            return None
-        print("bench: the cases again without it")
-        return {**run([case for case in cases if case != COMPILE_CASE]),
-                "compile_error": record["compile_error"]}
-
-
-def bench_epoch(c: Campaign, run_dir: Path) -> dict:
-    """Two training epochs with the default plan, by `fit` on a fresh run directory; the
-    second is reported (the first pays for cuDNN's autotuning and the allocator's growth)."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    settings = c.settings(epochs=2, seed=c.seeds[0], out_dir=str(run_dir))
-    start = time.perf_counter()
-    results = fit(settings, argv=c.run_argv)
-    rows = read_metrics(run_dir)
-    first, row = rows[0], rows[-1]
-    speed = json.loads((run_dir / "config.json").read_text())["speed"]
-    return {"images": round(row["images_per_second"] * row["epoch_seconds"]),
-            "batch_size": settings.batch_size, "epoch": row["epoch"],
-            "epoch_seconds": row["epoch_seconds"], "images_per_second": row["images_per_second"],
-            "first_epoch_seconds": first["epoch_seconds"],
-            "fit_seconds": round(time.perf_counter() - start, 1),
-            "plan": {"precision": speed["precision"], "conv_impls": speed["conv_impls"],
-                     "source": speed["source"]},
-            "val_accuracy": row.get("val_accuracy"), "test_accuracy":
-            results["final"]["accuracy"],
-            "under_goal": None if c.tiny else row["epoch_seconds"] < GOAL_EPOCH_SECONDS}
-
-
-def bench_memory(c: Campaign, cases: dict) -> dict:
-    """Peak memory in MB of each case (GPU: max allocated; CPU: peak resident set), each
-    timed in a process of its own by bench.py."""
-    return {case: round(r["peak_mb"], 1) for case, r in cases["cases"].items()
-            if "peak_mb" in r}
-
-
-def bench_cuda_graphs(c: Campaign) -> dict:
-    """The measured plan compiled with CUDA graphs against it uncompiled, one run."""
-    try:
-        timed = bench.time_cases(["capsnet", "capsnet-cudagraphs"],
-                                 Namespace(batch_size=128, warmup=3, repeats=20), c.device)
-    except Exception as exc:  # recorded: the other parts stand
-        return {"error": f"{type(exc).__name__}: {exc}"[:2000], "helpful": False}
-    ratio = (timed["capsnet-cudagraphs"]["train_images_per_s"]
-             / timed["capsnet"]["train_images_per_s"])
-    return {"cases": timed, "train_speedup": round(ratio, 3), "helpful": ratio > 1.05}
-
-
-def print_bench(record: dict) -> None:
-    print("== bench ==")
-    for case, r in record.get("cases", {}).get("cases", {}).items():
-        print(f"  {case:<28} train {r['train_images_per_s']:9.1f} img/s   "
-              f"infer {r['infer_images_per_s']:9.1f} img/s")
-    epoch = record.get("epoch")
-    if epoch:
-        print(f"  training epoch {epoch.get('epoch', 1)}: {epoch['images']} images in "
-              f"{epoch['epoch_seconds']:.1f} s ({epoch['images_per_second']:.0f} img/s, plan "
-              f"{epoch['plan']['precision']}; the first took "
-              f"{epoch.get('first_epoch_seconds', epoch['epoch_seconds']):.1f} s); "
-              f"goal under {GOAL_EPOCH_SECONDS:.0f} s: {GOAL_WORDS[epoch['under_goal']]}")
-    graphs = record.get("cuda_graphs", {})
-    if "train_speedup" in graphs:
-        print(f"  CUDA graphs: x{graphs['train_speedup']} training speed")
-    elif graphs:
-        print(f"  CUDA graphs: {graphs.get('skipped') or graphs.get('error')}")
-
-
-# ---------------------------------------------------------------------------- paper, cnn
-
-
-def recipe_runs(c: Campaign, stage: str, model: str, seeds: list[int]) -> list[RunSpec]:
-    specs = [RunSpec(f"seed {seed}", c.work / stage / f"seed-{seed}",
-                     c.settings(model=model, seed=seed), fit) for seed in seeds]
-    for spec in specs:
-        spec.siblings = [other.run_dir for other in specs if other is not spec]
-    return specs
-
-
-def advance_all(c: Campaign, specs: list[RunSpec], budget: Budget,
-                test_at_end: bool = False) -> dict:
-    """Each run in turn, as far as the budget allows: {label: what happened}."""
-    actions = {}
-    for spec in specs:
-        actions[spec.label] = advance(spec, budget, c.args.finish, print, c.run_argv, test_at_end)
-        print(f"{spec.label}: {actions[spec.label]}")
-    return actions
-
-
-def stage_paper(c: Campaign, budget: Budget) -> dict:
-    started = time.monotonic()
-    specs = recipe_runs(c, "paper", "capsnet", c.seeds)
-    actions = advance_all(c, specs, budget)
-    runs = [run_summary(spec) for spec in specs]
-    complete = all(run["complete"] for run in runs)
-    summary = seeds_summary(c, specs) if complete else None
-    record = {"recipe": recipe_description(specs[0].settings), "complete": complete,
-              "actions": actions, "seeds": runs, "summary": summary,
-              "weights": export_best(c, specs, runs, "paper-capsnet")}
-    print("== paper ==")
-    print("\n".join(describe_run(run) for run in runs))
-    if summary:
-        print(f"  test error over {len(summary['seeds'])} seeds: "
-              f"{100 * summary['test_error_mean']:.2f} ± {100 * summary['test_error_std']:.2f}%; "
-              f"ensemble {100 * summary['ensemble_test_error']:.2f}%")
-    return c.write("paper", record, started)
-
-
-def stage_cnn(c: Campaign, budget: Budget) -> dict:
-    started = time.monotonic()
-    specs = recipe_runs(c, "cnn", "cnn", c.seeds[:1])
-    actions = advance_all(c, specs, budget)
-    runs = [run_summary(spec) for spec in specs]
-    record = {"recipe": recipe_description(specs[0].settings), "complete": runs[0]["complete"],
-              "actions": actions, "run": runs[0],
-              "weights": export_best(c, specs, runs, "cnn")}
-    print("== cnn ==")
-    print(describe_run(runs[0]))
-    return c.write("cnn", record, started)
-
-
-def recipe_description(s: TrainSettings) -> dict:
-    keys = ("model", "preset", "epochs", "batch_size", "lr", "lr_decay", "routing_iterations",
-            "reconstruction_weight", "max_shift", "subset", "val_size", "precision",
-            "conv_impl", "compile")
-    return {k: getattr(s, k) for k in keys}
-
-
-def seeds_summary(c: Campaign, specs: list[RunSpec]) -> dict:
-    """`capsnet repeat`'s summary (mean ± std, ensemble), computed once per set of runs."""
-    results = [read_results(spec.run_dir) for spec in specs]
-    key = {spec.label: r["epochs"] for spec, r in zip(specs, results, strict=True)}
-    saved = c.work / "paper" / "summary.json"
-    if saved.is_file() and json.loads(saved.read_text())["key"] == key:
-        return json.loads(saved.read_text())["summary"]
-    errors = [r.get("best", r["final"])["error"] for r in results]
-    summary = summarise(specs[0].settings, c.seeds, errors,
-                        [spec.run_dir / "best.pt" for spec in specs])
-    saved.write_text(json.dumps({"key": key, "summary": summary}, indent=2) + "\n")
-    return summary
-
-
-def export_best(c: Campaign, specs: list[RunSpec], runs: list[dict], name: str) -> dict | None:
-    """float16 weights of the validation-selected model of the run with the best validation
-    accuracy (complete runs first)."""
-    ranked = [(run["complete"], run["best_val_accuracy"] or 0.0, i)
-              for i, run in enumerate(runs) if (specs[i].run_dir / "best.pt").is_file()]
-    if not ranked:
+    def start(self, argv: list, env: dict) -> Forked | None:
+        """The job forked, or None when the server is gone (then a fresh process runs it)."""
+        with self.lock:
+            if self.proc.poll() is not None:
+                return None
+            key = len(self.forked) + 1
+            forked = self.forked[key] = Forked(self.fifos / f"job-{key}")
+            os.mkfifo(forked.fifo)
+            try:
+                self.proc.stdin.write(json.dumps({"id": key, "argv": argv, "env": env, "cwd":
+                                                  str(REPO), "fifo": str(forked.fifo)}) + "\n")
+                self.proc.stdin.flush()
+            except OSError:  # it ended between the check and the request
+                return None
+        if forked.started.wait(ZYGOTE_WAIT) and forked.pid:
+            return forked
+        forked.abandoned = True
         return None
-    _, _, i = max(ranked)
-    run = runs[i]
-    info = {"stage": name, "run": run["label"], "epoch": run["best_epoch"],
-            "best_val_accuracy": run["best_val_accuracy"], "complete": run["complete"],
-            "test": run.get("test"), "device": bench.describe_device(c.device)}
-    run_dir, file = specs[i].run_dir, f"{name}.safetensors"
-    exported = export_selected(run_dir / "best.pt", run_dir / file, c.out / file, info)
-    return {"run": run["label"], **exported}
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except (OSError, ProcessLookupError):
+            pass
 
 
-# ---------------------------------------------------------------------------- affNIST, MultiMNIST
+@dataclass(eq=False)
+class Job:
+    """One process with a hard cap: its output goes to the log line by line, timestamped."""
+
+    name: str
+    argv: list
+    cap: float
+    env: dict = field(default_factory=dict)
+    lines: list = field(default_factory=list)  # (seconds since its start, line)
+
+    def start(self, c: Campaign) -> Job:
+        with c.lock:
+            if c.stopping:
+                raise Stopped("stopping")
+            left = min(c.left() - c.profile.final, c.part_deadline - time.monotonic())
+            if left <= 0:
+                raise OutOfTime(f"no time left to start {self.name}")
+            self.cap = min(self.cap, left)
+            self.started = time.monotonic()
+        self.proc = c.zygote.start(self.argv, {**c.env, **self.env}) if c.zygote else None
+        self.proc = self.proc or subprocess.Popen(
+            [sys.executable, *self.argv], cwd=REPO, env={**c.env, **self.env},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            start_new_session=True)  # its own group: killed with everything it started
+        with c.lock:
+            c.live.add(self)
+        if c.stopping:  # SIGTERM came while it started
+            self.kill()
+        self.reader = threading.Thread(target=self._read, args=(c,), daemon=True)
+        self.reader.start()
+        return self
+
+    def _read(self, c: Campaign) -> None:
+        with self.proc.stdout as lines:
+            for line in lines:
+                self.lines.append((time.monotonic() - self.started, line.rstrip("\n")))
+                c.log(f"[{self.name}] {line.rstrip()}")
+
+    def done(self) -> bool:
+        """Finished, or killed now for running past its cap."""
+        if self.proc.poll() is None and time.monotonic() - self.started > self.cap:
+            self.timed_out = True
+            self.kill()
+        return self.proc.poll() is not None
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        for sig, grace in ((signal.SIGTERM, KILL_GRACE), (signal.SIGKILL, 5.0)):
+            self.signal(sig)
+            try:
+                self.proc.wait(grace)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def wait(self, c: Campaign) -> dict:
+        while not self.done():
+            time.sleep(0.2)
+        self.reader.join(5.0)
+        c.live.discard(self)
+        results = [json.loads(line[len(RESULT_PREFIX):]) for _, line in self.lines
+                   if line.startswith(RESULT_PREFIX)]
+        return {"ok": self.proc.returncode == 0, "rc": self.proc.returncode,
+                "started_at_s": round(self.started - STARTED, 1),
+                "seconds": round(time.monotonic() - self.started, 1),
+                "timed_out": getattr(self, "timed_out", False),
+                **({"result": results[-1]} if results else {}),
+                "tail": [line for _, line in self.lines[-4:]]}
+
+    def run(self, c: Campaign) -> dict:
+        return self.start(c).wait(c)
+
+    def epoch_times(self) -> list[float]:
+        """When each epoch's line came, in seconds since the start."""
+        return [t for t, line in self.lines if EPOCH_LINE.match(line)]
 
 
-def stage_affnist(c: Campaign, budget: Budget) -> dict:
-    started, seed = time.monotonic(), c.seeds[0]
-    limit = TINY_TEST if c.tiny else None
-    specs = [RunSpec(model, c.work / "affnist" / f"{model}-seed-{seed}",
-                     c.settings(model=model, seed=seed, target_accuracy=AFFNIST_TARGET,
-                                test_limit=limit, keep_every=1), train_affnist)
-             for model in ("capsnet", "cnn")]
-    actions = advance_all(c, specs, budget)
-    runs = [run_summary(spec) for spec in specs]
-    complete = all(run["complete"] for run in runs)
-    comparison = affnist_comparison(c, specs, limit) if complete else None
-    for run in runs:
-        curve = run["curve"]
-        run["val_accuracy_at_stop"] = curve[-1].get("val_accuracy") if curve else None
-    record = {"target_val_accuracy": AFFNIST_TARGET, "complete": complete, "actions": actions,
-              "runs": runs, "comparison": comparison}
-    print("== affnist ==")
-    print("\n".join(describe_run(run) for run in runs))
-    if comparison:
-        print(format_comparison(comparison))
-    return c.write("affnist", record, started)
+class Campaign:
+    """The options, the budget, the log, the live processes and the records in --out."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args, self.profile = args, TINY if args.tiny else GPU
+        self.minutes = args.minutes or self.profile.minutes
+        self.out, self.work = Path(args.out), Path(args.work or tempfile.mkdtemp("-capsnet"))
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.gpu = args.device.startswith("cuda")
+        self.data_dir = str(Path(args.data_dir).resolve())
+        self.lock, self.live, self.stopping, self.records = threading.RLock(), set(), False, {}
+        self.epoch_seconds: float | None = None  # one epoch alone, measured by epoch_times
+        self.train_seconds: float | None = None  # its training part
+        self.part_deadline = math.inf  # no job of the part running outlives it
+        self.zygote: Zygote | None = None
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+            "CAPSNET_CACHE_DIR": str(self.work / "cache")}  # the speed plans, measured once
+        if self.profile.threads:
+            self.env["OMP_NUM_THREADS"] = self.profile.threads
+        self.log_file = open(self.out / "campaign.log", "a", buffering=1)  # noqa: SIM115
+
+    def left(self) -> float:
+        return 60.0 * self.minutes - (time.monotonic() - STARTED)
+
+    def log(self, text: str) -> None:
+        line = f"{time.monotonic() - STARTED:6.1f}s {text}"
+        with self.lock:
+            self.log_file.write(line + "\n")
+            print(line, flush=True)
+
+    def write(self, part: str, state: str = "running", **values) -> None:
+        """--out/<part>.json, atomically, with what is known so far."""
+        with self.lock:
+            record = self.records.setdefault(part, {"part": part})
+            record.update(values, state=state, written_at_s=round(time.monotonic() - STARTED, 1))
+            tmp = self.out / f".{part}.json.tmp"
+            tmp.write_text(json.dumps(record, indent=2) + "\n")
+            os.replace(tmp, self.out / f"{part}.json")
+
+    def capsnet(self, *args: str, data: bool = True, device: str | None = None) -> list[str]:
+        """A `capsnet` command on --device (or ``device``; "" for none), its data read from
+        --data-dir (never downloaded) unless ``data`` is False."""
+        device = self.args.device if device is None else device
+        data_args = ("--data-dir", self.data_dir, "--no-download") if data else ()
+        return ["-m", "capsnet", *args, *data_args, *(("--device", device) if device else ())]
+
+    def train(self, out_dir: Path, *args: str) -> list[str]:
+        return self.capsnet("train", "--preset", self.profile.preset, "--no-progress",
+                            "--out-dir", str(out_dir), *args)
+
+    def on_signal(self, signum, frame) -> None:
+        self.stopping = True  # no job starts any more
+        raise Stopped(f"signal {signum}")
+
+    def stop_all(self) -> None:
+        with self.lock:
+            self.stopping = True
+            live = list(self.live)
+        for job in live:
+            job.signal(signal.SIGTERM)
+        for job in live:
+            job.kill()
 
 
-def affnist_comparison(c: Campaign, specs: list[RunSpec], limit: int | None) -> list[dict]:
-    """`compare` on placed MNIST and the affine set of each run's earliest checkpoint that
-    reaches the validation accuracy both runs reached (the target when both did), computed
-    once per pair of finished runs; each row names its epoch and validation accuracy."""
-    key = {spec.label: read_results(spec.run_dir)["epochs"] for spec in specs}
-    saved = c.work / "affnist" / "comparison.json"
-    if saved.is_file() and json.loads(saved.read_text())["key"] == key:
-        return json.loads(saved.read_text())["rows"]
-    level, chosen = matched_checkpoints([spec.run_dir for spec in specs])
-    models = []
-    for spec, kept in zip(specs, chosen, strict=True):
-        model = load_model(kept.path, c.device)
-        tune_for_inference(model, c.device, spec.settings.precision, spec.settings.conv_impl)
-        models.append(NamedModel(spec.label, model))
-    test = load_split("mnist", "test", c.args.data_dir, download=False).to(c.device)
-    count = len(test.labels) if limit is None else min(limit, len(test.labels))
-    rows = compare(models, test.images[:count], test.labels[:count])
-    for row, kept in zip(rows, chosen, strict=True):
-        row.update(matched_val_accuracy=level, epoch=kept.epoch, val_accuracy=kept.val_accuracy)
-    saved.write_text(json.dumps({"key": key, "rows": rows}, indent=2) + "\n")
-    return rows
+# ---------------------------------------------------------------------------- 1. health
 
 
-def stage_multimnist(c: Campaign, budget: Budget) -> dict:
-    started, seed = time.monotonic(), c.seeds[0]
-    spec = RunSpec(f"seed {seed}", c.work / "multimnist" / f"seed-{seed}",
-                   c.settings(seed=seed, max_shift=MULTIMNIST_SHIFT,
-                              test_pairs=TINY_TEST if c.tiny else None), train_multimnist)
-    actions = advance_all(c, [spec], budget, test_at_end=True)
-    run = run_summary(spec)
-    test = run.get("test")
-    record = {"max_shift": MULTIMNIST_SHIFT, "complete": run["complete"], "actions": actions,
-              "protocol": "trained as far as the budget allowed and tested there (selected by "
-                          "validation); a later call trains on and tests again",
-              "run": run, "test_error": test["error"] if test else None,
-              "test_pairs": test["pairs"] if test else None}
-    print("== multimnist ==")
-    print(describe_run(run))
-    if test:
-        print(f"  test error {pct(test['error'])} on {test['pairs']} pairs after "
-              f"{run['epochs_done']} epochs (paper: 5.2%)")
-    return c.write("multimnist", record, started)
+def read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
-def check_health(c: Campaign) -> dict:
-    """The first minute: device, plan, one timed step, memory (-> health.json). A failure
-    is recorded and printed; the stages still run (and say more)."""
-    started = time.monotonic()
-    settings = c.settings()
-    batch = TINY_HEALTH_BATCH if c.tiny else HEALTH_BATCH
+def read_curve(run_dir: Path) -> list[dict]:
+    """A run's metrics.csv (one row an epoch), numbers as numbers."""
+    if not (run_dir / "metrics.csv").is_file():
+        return []
+    with open(run_dir / "metrics.csv") as f:
+        return [{k: float(v) if v not in ("", None) else None for k, v in row.items()}
+                for row in csv.DictReader(f)]
+
+
+def check_training(c: Campaign, name: str, *args: str) -> dict:
+    run_dir = c.work / "checks" / name
+    record = Job(name, c.train(run_dir, "--epochs", "1", *c.profile.check_args, *args),
+                 c.profile.caps["check"]).run(c)
+    curve, results = read_curve(run_dir), read_json(run_dir / "results.json") or {}
+    loss = curve[-1]["train_loss"] if curve else None
+    record["ok"] = record["ok"] and loss is not None and math.isfinite(loss)
+    return {name: {**record, "train_loss": loss,
+                   "test_accuracy": (results.get("final") or {}).get("accuracy")}}
+
+
+def check_resume(c: Campaign) -> dict:
+    """Two epochs in one run against one epoch then a resume to two (deterministic cuDNN);
+    then the checkpoint written on the device exported to ONNX."""
+    whole, split = c.work / "checks" / "resume-whole", c.work / "checks" / "resume-split"
+    args = (*c.profile.check_args, "--deterministic", "--seed", "5")
+    runs = [Job("resume-whole", c.train(whole, "--epochs", "2", *args), c.profile.caps["check"]),
+            Job("resume-first", c.train(split, "--epochs", "1", *args), c.profile.caps["check"]),
+            Job("resume-rest", c.capsnet("train", "--resume", str(split), "--epochs", "2",
+                                         "--no-progress"), c.profile.caps["check"])]
+    records = [job.run(c) for job in runs]
+    a, b = read_curve(whole), read_curve(split)
+    keys = ("train_loss", "train_accuracy", "val_accuracy")
+    diffs = {k: abs(a[-1][k] - b[-1][k]) for k in keys if len(a) == len(b) == 2 and a[-1][k]
+             is not None}
+    ok = all(r["ok"] for r in records) and len(diffs) == len(keys) and max(diffs.values()) < 1e-4
+    found = {"resume": {"ok": ok, "epoch_2_differences": diffs, "runs": records}}
+    found["export-onnx"] = Job("export-onnx", c.capsnet(
+        "export", str(whole / "best.pt"), "--format", "onnx", "-o", str(c.work / "model.onnx"),
+        data=False, device=""), c.profile.caps["check"]).run(c) if importlib.util.find_spec(
+        "onnx") else {"ok": None, "skipped": "onnx not installed"}
+    return found
+
+
+def check_out_of_memory(c: Campaign) -> dict:
+    """A batch of all 55,000 images in float32 (about 160 GiB): the one-line error."""
+    if not c.gpu:
+        return {"out-of-memory": {"ok": None, "skipped": "needs a GPU"}}
+    record = Job("out-of-memory", c.train(c.work / "checks" / "oom", "--batch-size", "55000",
+                                          "--precision", "fp32", "--conv-impl", "native",
+                                          "--epochs", "1"), c.profile.caps["check"]).run(c)
+    last = record["tail"][-1] if record["tail"] else ""
+    record["ok"] = record["rc"] == 1 and last.startswith("capsnet: error:") and "memory" in last
+    return {"out-of-memory": {**record, "line": last}}
+
+
+def stated_accuracy() -> float | None:
+    """The shipped model's test accuracy that the README states (measured on a CPU)."""
+    found = STATED.search((REPO / "README.md").read_text())
+    return float(found.group(1)) / 100 if found else None
+
+
+def check_evaluate(c: Campaign) -> dict:
+    """The shipped weights evaluated on the device in float32: the README's CPU figure to one
+    image (on the 10,000 MNIST test images; a smaller test set is only evaluated)."""
+    record = Job("evaluate", c.capsnet("evaluate", "--json", "--precision", "fp32"),
+                 c.profile.caps["check"]).run(c)
+    found = json.loads(next((line for line in record["tail"] if line.startswith("{")), "{}"))
+    accuracy, images, stated = found.get("accuracy"), found.get("images"), stated_accuracy()
+    record["ok"] = record["ok"] and accuracy is not None and (
+        images != MNIST_TEST_IMAGES or abs(accuracy - stated) <= 1 / images + 1e-9)
+    full = images == MNIST_TEST_IMAGES and accuracy is not None
+    return {"evaluate-shipped": {**record, "accuracy": accuracy, "images": images,
+                                 "cpu_figure": stated if full else None,
+                                 "images_apart": round((accuracy - stated) * images) if full
+                                 else None}}
+
+
+def check_uses(c: Campaign) -> dict:
+    """The affine test set, predict and the routing figure on the device."""
+    robust = c.work / "robustness"
+    found = {"affine-test-set": Job("affine", c.capsnet(
+        "robustness", str(SHIPPED), "--limit", str(c.profile.robustness_limit),
+        "--max-angle", "30", "--step", "15", "--out-dir", str(robust)),
+        c.profile.caps["check"]).run(c)}
+    if (robust / "robustness.csv").is_file():
+        found["affine-test-set"]["table"] = list(csv.DictReader(open(robust / "robustness.csv")))
+    found["predict"] = Job("predict", c.capsnet("predict", str(c.work / "digit.png"), "--json",
+                                                data=False), c.profile.caps["check"]).run(c)
+    found["routing"] = Job("routing", c.capsnet("routing", "--index", "0", "1", "--out",
+                                                str(c.work / "routing.png")),
+                           c.profile.caps["check"]).run(c)
+    return found
+
+
+def record_checks(c: Campaign, found: dict) -> None:
+    """Checks done: into health.json and the log at once."""
+    c.write("health", checks={**c.records["health"]["checks"], **found})
+    c.log("health: " + ", ".join(f"{name} " + ("ok" if check["ok"] else check.get("skipped")
+                                               or "FAILED") for name, check in found.items()))
+
+
+def health(c: Campaign) -> None:
+    c.part_deadline = time.monotonic() + c.profile.caps["health"]
+    shrink = map(str, c.profile.shrink or ())
+    facts = Job("prepare", ["-m", "benchmarks.campaign_health", "prepare", c.args.device,
+                            c.data_dir, str(c.work), *shrink], c.profile.caps["check"]).run(c)
+    c.data_dir = facts.get("result", {}).get("data_dir", c.data_dir)
+    c.write("health", device=facts.get("result", {}).get("device", facts), checks={})
+    models = [("capsnet-fp32", "--precision", "fp32"), ("capsnet-bf16", "--precision", "bf16"),
+              ("capsnet-fp16", "--precision", "fp16"), ("cnn", "--model", "cnn"),
+              ("em", "--model", "em"), ("efficient", "--model", "efficient")]
+    checks = [lambda: check_resume(c), lambda: check_uses(c), lambda: check_evaluate(c)]
+    checks += [lambda m=m: check_training(c, *m, "--conv-impl", "native") for m in models]
+    # the longest first (three jobs in turn); the out-of-memory run last and alone, as it
+    # takes the GPU's memory
+    pool = concurrent.futures.ThreadPoolExecutor(c.profile.concurrency)
+    futures = [pool.submit(check) for check in checks]
     try:
-        record = health_check(c.device, settings, batch, HEALTH_STEPS)
-    except Exception:  # recorded: the campaign goes on
-        record = {"error": traceback.format_exc()[-4000:]}
-    print_health(record)
-    return c.write("health", {"complete": "error" not in record, **record}, started)
+        pending = set(futures)
+        while pending and time.monotonic() < c.part_deadline + KILL_GRACE:
+            finished, pending = concurrent.futures.wait(pending, timeout=0.5)
+            for future in finished:
+                found = future.result() if future.exception() is None else {
+                    "error": {"ok": False, "error": repr(future.exception())}}
+                record_checks(c, found)
+    finally:
+        pool.shutdown(wait=not c.stopping, cancel_futures=True)  # jobs end at the cap
+    if not pending:
+        with contextlib.suppress(OutOfTime):
+            record_checks(c, check_out_of_memory(c))
+    c.part_deadline = math.inf
+    c.write("health", state="done" if not pending else "capped")
 
 
-STAGE_FUNCTIONS = {"bench": stage_bench, "paper": stage_paper, "cnn": stage_cnn,
-                   "affnist": stage_affnist, "multimnist": stage_multimnist}
+# ---------------------------------------------------------------------------- 2. epoch times
+
+
+def epoch_record(job: Job, record: dict, run_dir: Path) -> dict:
+    """The last epoch of a timed run: its training, validation and checkpoint seconds (the
+    wall time between two epoch lines, less training and a re-save of last.pt), peak memory
+    against the run's estimate."""
+    curve, times = read_curve(run_dir), job.epoch_times()
+    config = read_json(run_dir / "config.json") or {}
+    result = record.get("result", {})
+    found = {"ok": record["ok"], "seconds": record["seconds"], "timed_out": record["timed_out"],
+             "plan": config.get("speed"), "epochs": curve, "tail": record["tail"]}
+    if len(curve) >= 2 and len(times) >= 2:
+        wall, train = times[-1] - times[-2], curve[-1]["epoch_seconds"]
+        checkpoint = result.get("checkpoint_seconds", 0.0)
+        found.update(epoch_wall_seconds=round(wall, 2), train_seconds=train,
+                     first_train_seconds=curve[0]["epoch_seconds"],
+                     checkpoint_seconds=checkpoint,
+                     validation_seconds=round(max(0.0, wall - train - checkpoint), 2))
+    estimate = config.get("memory_estimate_bytes")
+    peak = result.get("cuda_peak_mib")
+    found.update(peak_mib=peak, peak_rss_mib=result.get("peak_rss_mib"),
+                 estimate_mib=round(estimate / 2**20, 1) if estimate else None)
+    return found
+
+
+def timed_run(c: Campaign, name: str, cap: float, *args: str, env: dict | None = None) -> Job:
+    return Job(name, ["-m", "benchmarks.campaign_health", "run",
+                      *c.train(c.work / name, "--epochs", "2", *c.profile.epoch_args, *args)[2:]],
+               cap, env or {})
+
+
+def epoch_times(c: Campaign) -> None:
+    """fp32 then the automatic choice, one after the other; the automatic choice's epoch
+    (validation and checkpoint included) is the gate's, else float32's."""
+    found, c.part_deadline = {}, time.monotonic() + c.profile.caps["epochs"]
+    for precision in ("fp32", "auto"):
+        name = f"epochs-{precision}"
+        job = timed_run(c, name, c.profile.caps["epoch_run"], "--precision", precision)
+        found[precision] = epoch_record(job, job.run(c), c.work / name)
+        c.write("bench", epochs=found)
+    c.write("bench", state="epochs done")
+    c.part_deadline = math.inf
+    timed = next((found[p] for p in ("auto", "fp32") if "epoch_wall_seconds" in found[p]), {})
+    c.epoch_seconds, c.train_seconds = timed.get("epoch_wall_seconds"), timed.get("train_seconds")
+
+
+def compile_record(c: Campaign, job: Job | None) -> None:
+    """The compiled run: epoch 1 less epoch 2 is the compile; epoch 2 the compiled speed."""
+    if job is None:
+        c.write("bench", compile={"ok": None, "skipped": "torch.compile is timed on a GPU"})
+        return
+    if job.proc.poll() is None:
+        job.kill()
+    found = epoch_record(job, job.wait(c), c.work / "compile")
+    if "first_train_seconds" in found:
+        found["compile_seconds"] = round(found["first_train_seconds"] - found["train_seconds"], 1)
+    c.write("bench", compile=found)
+
+
+# ---------------------------------------------------------------------------- 3. protocol
+
+
+def protocol(c: Campaign) -> None:
+    left, epoch_seconds = c.left() - c.profile.final, c.epoch_seconds
+    gate = pick_recipe(epoch_seconds, left, c.profile.recipe_epochs, c.profile.protocol_fixed)
+    root = c.work / "protocol"
+    recipe = ("--recipe", gate["recipe"], "--epochs", str(gate["epochs"]),
+              *c.profile.epoch_args)
+    limit = ("--time-limit", str(int(left - c.profile.protocol_fixed)))
+    c.log(f"protocol: {gate['recipe']} recipe, {gate['epochs']} epochs ({gate['why']})")
+    c.write("protocol", gate={**gate, "epoch_seconds_alone": epoch_seconds,
+                              "concurrent_slowdown_assumed": CONCURRENT_SLOWDOWN,
+                              "seconds_left": round(left)})
+    jobs = [Job(f"seed-{s}", c.train(root / f"seed-{s}", *recipe, "--seed", str(s), *limit),
+                left).start(c) for s in SEEDS]
+    while not all([job.done() for job in jobs]):  # snapshots: a kill still returns curves
+        c.write("protocol", seeds=seed_records(root))
+        archive(c)
+        time.sleep(SNAPSHOT_SECONDS)
+    runs = {job.name: job.wait(c) for job in jobs}
+    unfinished = [s for s in SEEDS if not (read_json(root / f"seed-{s}" / "results.json") or {})
+                  .get("complete") and (root / f"seed-{s}" / "last.pt").is_file()]
+    finish = [Job(f"test-seed-{s}", c.capsnet("train", "--resume", str(root / f"seed-{s}"),
+                                              "--epochs", str(len(read_curve(root / f"seed-{s}"))),
+                                              "--no-progress"), c.profile.protocol_fixed)
+              .start(c) for s in unfinished]  # tested where it stands
+    runs.update({job.name: job.wait(c) for job in finish})
+    seeds = seed_records(root)
+    together = [row["epoch_seconds"] for s in seeds.values() for row in s["curve"][1:]]
+    c.write("protocol", seeds=seeds, runs=runs, measured_slowdown=round(
+        sum(together) / len(together) / c.train_seconds, 2) if together and c.train_seconds
+        else None)
+    if all(s["complete"] for s in seeds.values()):
+        done = min(s["epochs"] for s in seeds.values())
+        summary = Job("repeat", c.capsnet("repeat", "--seeds", ",".join(map(str, SEEDS)),
+                                          "--out-dir", str(root), "--preset", c.profile.preset,
+                                          *recipe[:2], "--epochs", str(done),
+                                          *c.profile.epoch_args, "--no-progress"),
+                      c.profile.protocol_fixed).run(c)
+        c.write("protocol", repeat=summary, summary=read_json(root / "summary.json"))
+    best = max(seeds, key=lambda s: seeds[s]["best_val_accuracy"] or -1.0, default=None)
+    if best and (root / best / "best.pt").is_file():
+        exported = Job("export-best", c.capsnet("export", str(root / best / "best.pt"),
+                                                "--format", "safetensors", "-o",
+                                                str(c.out / "paper-capsnet.safetensors"),
+                                                data=False, device=""),
+                       c.profile.protocol_fixed).run(c)
+        c.write("protocol", weights={"seed": best, **exported})
+    c.write("protocol", state="done")
+
+
+def seed_records(root: Path) -> dict:
+    """Each seed's curve and, once tested, its results (confusion matrices left out)."""
+    found = {}
+    for run_dir in sorted(root.glob("seed-*")):
+        results = read_json(run_dir / "results.json") or {}
+        found[run_dir.name] = {
+            "complete": bool(results.get("complete")), "epochs": results.get("epochs"),
+            "best_epoch": results.get("best_epoch"),
+            "best_val_accuracy": results.get("best_val_accuracy"),
+            "test": {k: {m: results[k][m] for m in ("accuracy", "error") if m in results[k]}
+                     for k in ("best", "final") if isinstance(results.get(k), dict)},
+            "curve": read_curve(run_dir)}
+    return found
+
+
+def archive(c: Campaign) -> None:
+    """seeds.tar.gz: each seed's metrics, config, command, results and test scores, and the
+    protocol's summary."""
+    root = c.work / "protocol"
+    names = ("metrics.csv", "config.json", "command.txt", "results.json", "test_scores.npy")
+    files = [p for p in sorted(root.glob("seed-*/*")) if p.name in names]
+    files += [p for p in [root / "summary.json"] if p.is_file()]
+    if files:
+        tmp = c.out / ".seeds.tar.gz.tmp"
+        with tarfile.open(tmp, "w:gz") as tar:
+            for path in files:
+                tar.add(path, arcname=str(path.relative_to(root)))
+        os.replace(tmp, c.out / "seeds.tar.gz")
+
+
+# ---------------------------------------------------------------------------- 4. benchmarks
+
+
+def bench_cases(c: Campaign) -> None:
+    left = c.left() - c.profile.final
+    if left < c.profile.bench_min:
+        c.write("bench", cases={"skipped": f"{left:.0f} s left"})
+        return
+    path = c.work / "cases.json"
+    record = Job("bench", ["-m", "benchmarks.bench", "--device", c.args.device,
+                           *c.profile.bench_args, "--json", str(path)], left).run(c)
+    c.write("bench", cases={**record, "cases": read_json(path)})
 
 
 # ---------------------------------------------------------------------------- command line
 
 
-class Tee:
-    """stdout to the terminal and to the campaign log."""
-
-    def __init__(self, *streams):
-        self.streams = streams
-
-    def write(self, text: str) -> int:
-        for stream in self.streams:
-            stream.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        for stream in self.streams:
-            stream.flush()
-
-
-def parse_args(argv: list[str] | None) -> Namespace:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("stage", nargs="?", default="all", choices=[*STAGES, "all"])
-    p.add_argument("--minutes", type=float, default=8.0,
-                   help="time budget of this call in minutes (default 8: one device command "
-                   "may run 10)")
-    p.add_argument("--stage-minutes", type=float, default=None,
-                   help="with 'all': at most this many minutes per stage (default: each stage "
-                   "takes what the earlier ones left)")
-    p.add_argument("--out", default=os.environ.get("OUT", "runs/gpu-campaign"),
-                   help="where the results JSONs, weights and campaign.log go (default $OUT)")
-    p.add_argument("--work", default=None,
-                   help="run directories and checkpoints, kept between calls "
-                   "(default /tmp/capsnet-campaign, or /tmp/capsnet-campaign-tiny)")
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("first", help="health, epoch times, the protocol, benchmarks",
+                            description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=str(REPO / ".gpu-data" / "mnist"),
-                   help="the MNIST IDX files (nothing is downloaded; default .gpu-data/mnist)")
-    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, cpu")
-    p.add_argument("--epochs", type=int, default=None,
-                   help=f"epochs per run (default {EPOCHS}; with --tiny 1); affnist stops "
-                   f"earlier at its target")
-    p.add_argument("--seeds", default="1,2,3",
-                   help="seeds of the paper stage; the other stages use the first")
-    p.add_argument("--compile", action="store_true", help="train with torch.compile")
-    p.add_argument("--finish", action="store_true",
-                   help="test incomplete runs where they stand instead of waiting for a "
-                   "later call (the last call of a session)")
+                   help="the four MNIST IDX files (never downloaded; default .gpu-data/mnist)")
+    p.add_argument("--out", default=os.environ.get("OUT", "runs/first"),
+                   help="the results: at most 8 files (default $OUT, else runs/first)")
+    p.add_argument("--work", default=None,
+                   help="run directories and checkpoints (default: a new temporary folder)")
+    p.add_argument("--device", default="cuda", help="cuda (default), cuda:1, cpu")
+    p.add_argument("--minutes", type=float, default=None,
+                   help=f"the whole command's budget (default {GPU.minutes:g}; --tiny "
+                        f"{TINY.minutes:g})")
     p.add_argument("--tiny", action="store_true",
-                   help="a smoke test in seconds on a CPU: small preset, a few hundred images, "
-                   "1 epoch, tiny test sets, bench at batch 2")
-    args = p.parse_args(argv)
-    args.epochs = args.epochs or (1 if args.tiny else EPOCHS)
-    args.work = args.work or f"/tmp/capsnet-campaign{'-tiny' if args.tiny else ''}"
-    args.data_dir = str(Path(args.data_dir).resolve())
+                   help="rehearse the same sequence in minutes on a CPU: small models, a few "
+                        "hundred images, 2-3 epochs")
+    args = parser.parse_args(argv)
     if not Path(args.data_dir).is_dir():
-        p.error(f"no MNIST in {args.data_dir}: copy the four IDX files there "
-                f"(mkdir -p .gpu-data && cp -r ../shared/data/mnist .gpu-data/)")
-    if not [s for s in args.seeds.split(",") if s.strip()]:
-        p.error("--seeds needs at least one seed")
+        parser.error(f"no MNIST in {args.data_dir}: put the four IDX files there")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    c = Campaign(args, pick_device(args.device), Path(args.work), Path(args.out), argv)
-    c.out.mkdir(parents=True, exist_ok=True)
-    c.work.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("CAPSNET_CACHE_DIR", str(c.work / "cache"))  # measured speed plans
-    budget = Budget.minutes(args.minutes, **({} if args.tiny else MARGINS))
-    stages = STAGES if args.stage == "all" else (args.stage,)
-    failed = []
-    with open(c.out / "campaign.log", "a") as log, contextlib.redirect_stdout(Tee(sys.stdout, log)):
-        print(f"gpu_campaign {' '.join(argv)}: stages {', '.join(stages)} on "
-              f"{bench.describe_device(c.device)}, budget {args.minutes:g} min, work {c.work}")
-        check_health(c)
-        for stage in stages:
-            started = time.monotonic()
+    c = Campaign(parse_args(argv))
+    signal.signal(signal.SIGTERM, c.on_signal)
+    c.log(f"gpu_campaign first on {c.args.device}: budget {c.minutes:g} min, work {c.work}, "
+          f"out {c.out}")
+    code = 0
+    try:
+        c.zygote = Zygote(c)
+        compile_job = timed_run(c, "compile", c.profile.caps["compile"], "--compile",
+                                "--subset", str(ONE_SHAPE_SUBSET),
+                                env={"CAPSNET_CACHE_DIR": str(c.work / "cache-compile")}
+                                ).start(c) if c.gpu else None  # warms beside the health checks
+        for part, step in (("health", lambda: health(c)), ("bench", lambda: epoch_times(c)),
+                           ("bench", lambda: compile_record(c, compile_job)),
+                           ("protocol", lambda: protocol(c)), ("bench", lambda: bench_cases(c))):
             try:
-                STAGE_FUNCTIONS[stage](c, budget.capped(args.stage_minutes))
-            except Exception:  # one stage's failure leaves the others running
-                print(traceback.format_exc())
-                c.write(stage, {"complete": False, "error": traceback.format_exc()[-4000:]},
-                        started)
-                failed.append(stage)
-            print(f"{stage}: {time.monotonic() - started:.0f} s; "
-                  f"{max(0.0, budget.left()) / 60:.1f} min of the budget left")
-    if failed:
-        print(f"failed stages: {', '.join(failed)} (see their JSON)", file=sys.stderr)
-    return 1 if failed else 0
+                step()
+            except Exception as exc:  # a bug in one part leaves the others running
+                c.log(f"{part}: {type(exc).__name__}: {exc}")
+                c.write(part, state="incomplete", error=f"{type(exc).__name__}: {exc}")
+        c.write("bench", state="done")
+    except Stopped:
+        c.log("SIGTERM: writing what is done")
+        code = 143
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        c.stop_all()
+        if c.zygote:
+            c.zygote.close()
+        for name, record in list(c.records.items()):
+            if record["state"] != "done":
+                c.write(name, state="interrupted" if code else record["state"])
+        archive(c)
+        problems = out_problems(c.out)
+        c.log(f"done in {time.monotonic() - STARTED:.0f} s; --out: "
+              + ("; ".join(problems) if problems else
+                 ", ".join(sorted(p.name for p in c.out.iterdir()))))
+    return code
 
 
 if __name__ == "__main__":

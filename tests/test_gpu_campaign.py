@@ -1,175 +1,255 @@
-"""benchmarks/gpu_campaign.py: every stage end to end with --tiny on the fake MNIST, a second
-call that trains nothing again, resumes of runs stopped by the time limit or given more
-epochs, --finish, and an import that pulls in no web framework (the GPU image has no Flask)."""
+"""benchmarks/gpu_campaign.py `first`: the gate between the paper and the fast recipe, the
+limits of what comes back, jobs killed at their cap (fresh and forked processes), imports
+that the GPU image holds, and the whole rehearsal on a CPU: end to end within 3 minutes, and
+killed part-way by SIGTERM."""
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from benchmarks import campaign_runs, gpu_campaign
-from benchmarks.campaign_health import health_check, print_health
-from benchmarks.campaign_runs import Budget
-from capsnet.training.metrics_log import read_metrics
-from capsnet.training.settings import TrainSettings
+from benchmarks import gpu_campaign
+from benchmarks.gpu_campaign import (
+    CONCURRENT_SLOWDOWN,
+    GATE_MARGIN,
+    Campaign,
+    Job,
+    Zygote,
+    out_problems,
+    pick_recipe,
+)
 
 REPO = Path(__file__).resolve().parents[1]
-STAGE_FILES = [f"{stage}.json" for stage in gpu_campaign.STAGES]
+EPOCHS = {"paper": 50, "fast": 15}
+TINY_DEADLINE = 180.0  # seconds: the rehearsal's promise on 2 CPU cores
 
 
-def campaign(tiny_mnist_dir, out, work, *args) -> int:
-    return gpu_campaign.main([*args, "--tiny", "--device", "cpu", "--data-dir",
-                              str(tiny_mnist_dir), "--out", str(out), "--work", str(work)])
+def command(data_dir, out, work) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.gpu_campaign", "first", "--tiny", "--device",
+            "cpu", "--data-dir", str(data_dir), "--out", str(out), "--work", str(work)]
 
 
-def records(out) -> dict:
-    return {name: json.loads((out / name).read_text()) for name in STAGE_FILES}
+def campaign(tmp_path) -> Campaign:
+    return Campaign(gpu_campaign.parse_args(command(tmp_path, tmp_path / "out",
+                                                    tmp_path / "work")[3:]))
 
 
-def checkpoint_times(work) -> dict:
-    return {str(p): p.stat().st_mtime_ns for p in sorted(work.rglob("*.pt"))}
+# ---------------------------------------------------------------------------- the gate
 
 
-def epochs_logged(run_dir) -> list[int]:
-    return [row["epoch"] for row in read_metrics(run_dir)]
+def test_the_paper_recipe_runs_when_three_concurrent_seeds_finish_with_a_margin():
+    # 50 epochs of 3 s, 1.6x slower three at once: 240 s, and 40 s around them
+    needed = (50 * 3.0 * CONCURRENT_SLOWDOWN + 40.0) * (1 + GATE_MARGIN)
+    gate = pick_recipe(3.0, needed + 1.0, EPOCHS, fixed=40.0)
+    assert (gate["recipe"], gate["epochs"]) == ("paper", 50)
+    assert gate["predicted_seconds"] == pytest.approx(280.0)
+    assert pick_recipe(3.0, needed - 1.0, EPOCHS, fixed=40.0)["recipe"] == "fast"
 
 
-def test_importing_the_campaign_pulls_in_no_flask():
-    """The device image has python3, torch, numpy, pillow, matplotlib, safetensors and tqdm
-    only: no Flask, ONNX, SciPy or Playwright may be imported on the way."""
-    code = ("import sys; import benchmarks.gpu_campaign; "
-            "absent = {'flask', 'onnx', 'onnxruntime', 'scipy', 'playwright'}; "
-            "assert not absent & set(sys.modules), absent & set(sys.modules)")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, timeout=120)
+def test_the_fast_recipe_is_cut_to_the_epochs_that_fit():
+    assert pick_recipe(5.0, 300.0, EPOCHS, fixed=40.0) == {
+        "recipe": "fast", "epochs": 15, "predicted_seconds": 160.0,
+        "why": "15 epochs x 8.0 s fit in 221 s"}
+    cut = pick_recipe(10.0, 200.0, EPOCHS, fixed=40.0)  # (200 / 1.15 - 40) / 16 = 8.4
+    assert (cut["recipe"], cut["epochs"]) == ("fast", 8)
+    assert pick_recipe(60.0, 10.0, EPOCHS, fixed=40.0)["epochs"] == 1  # at least one
+    alone = pick_recipe(3.0, 250.0, EPOCHS, fixed=40.0, seeds=1)  # no slowdown for one run
+    assert alone["recipe"] == "paper" and alone["predicted_seconds"] == 190.0
 
 
-def test_help_explains_the_stages_and_the_budget(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        gpu_campaign.main(["--help"])
-    assert exit_info.value.code == 0
-    text = capsys.readouterr().out
-    for word in [*gpu_campaign.STAGES, "all", "--minutes", "--out", "--work", "--data-dir",
-                 "--device", "--epochs", "--seeds", "--tiny", "--finish"]:
-        assert word in text
+def test_no_measured_epoch_means_the_fast_recipe():
+    gate = pick_recipe(None, 1000.0, EPOCHS, fixed=40.0)
+    assert (gate["recipe"], gate["epochs"], gate["predicted_seconds"]) == ("fast", 15, None)
 
 
-def test_the_health_check_names_the_device_plan_step_and_memory(capsys):
-    settings = TrainSettings(preset="small", precision="fp32", conv_impl="gemm")
-    record = health_check(torch.device("cpu"), settings, batch=4, steps=1)
-    assert record["name"] and record["threads"] >= 1 and record["precision"] == "fp32"
-    assert record["step_ms"] > 0 and record["memory_measured_by"] == "live CPU tensors"
-    assert 0.75 <= record["estimate_over_measured"] <= 1.25
-    print_health(record)
-    out = capsys.readouterr().out
-    assert out.count("health: ") == 3 and "memory estimate" in out
+# ---------------------------------------------------------------------------- what comes back
 
 
-def test_a_failed_compile_case_leaves_the_rerun_to_a_call_with_time(tmp_path, monkeypatch):
-    """torch.compile failing late in a call: its error is kept and the other cases wait for
-    the next call instead of overrunning this one; that call runs them without it."""
-    runs = []
-
-    def fake_bench(argv):
-        cases = argv[argv.index("--cases") + 1].split(",")
-        runs.append(cases)
-        if gpu_campaign.COMPILE_CASE in cases:
-            raise RuntimeError("no Triton")
-        (tmp_path / "cases.json").write_text(json.dumps({"cases": dict.fromkeys(cases, {})}))
-
-    monkeypatch.setattr(gpu_campaign.bench, "main", fake_bench)
-    monkeypatch.setattr(gpu_campaign.bench, "cases_for",
-                        lambda device: ["capsnet", gpu_campaign.COMPILE_CASE])
-    args = gpu_campaign.parse_args(["--out", str(tmp_path), "--data-dir", str(tmp_path)])
-    c = gpu_campaign.Campaign(args, torch.device("cpu"), tmp_path, tmp_path, [])
-    record = {}
-    no_time = Budget(time.monotonic() + 10.0)
-    assert gpu_campaign.bench_cases(c, tmp_path, no_time, record) is None
-    assert record["compile_error"].startswith("RuntimeError: no Triton")
-    time_left = Budget(time.monotonic() + 3600.0)
-    done = gpu_campaign.bench_cases(c, tmp_path, time_left, record)
-    assert set(done["cases"]) == {"capsnet"} and "compile_error" in done
-    assert runs == [["capsnet", gpu_campaign.COMPILE_CASE], ["capsnet"]]
+def test_eight_small_files_two_folders_down_come_back(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    for i in range(7):
+        (tmp_path / f"f{i}.json").write_text("{}")
+    (tmp_path / "a" / "b" / "deep_ok-1.txt").write_text("x")
+    assert out_problems(tmp_path) == []
 
 
-def test_a_budget_leaves_room_for_setup_an_epoch_and_the_test():
-    budget = Budget(time.monotonic() + 100.0, setup=10.0, final=20.0, unknown_epoch=60.0)
-    assert budget.fits(None) and budget.fits(65.0) and not budget.fits(75.0)
-    assert 69.0 < budget.time_limit() <= 70.0
-    assert 59.0 < budget.capped(1.0).left() <= 60.0 and budget.capped(None) is budget
-    assert Budget(time.monotonic() - 1.0).time_limit() == 0.0
+def test_a_ninth_file_a_third_folder_a_big_file_and_an_odd_name_are_named(tmp_path):
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "c" / "deep.txt").write_text("x")
+    (tmp_path / "big.bin").write_bytes(b"")
+    os.truncate(tmp_path / "big.bin", 16 * 2**20 + 1)
+    (tmp_path / "odd name.txt").write_text("x")
+    for i in range(6):
+        (tmp_path / f"f{i}").write_text("x")
+    problems = out_problems(tmp_path)
+    assert problems[0] == "9 files, over 8"
+    assert any("deep.txt: more than 2 folders down" in p for p in problems)
+    assert any("big.bin: 16.0 MiB, over 16 MiB" in p for p in problems)
+    assert any(p.startswith("odd name.txt: a name") for p in problems)
+    assert len(problems) == 4
+
+
+# ---------------------------------------------------------------------------- jobs
+
+
+def test_a_job_past_its_cap_is_killed_and_says_so(tmp_path):
+    c = campaign(tmp_path)
+    started = time.monotonic()
+    record = Job("sleeper", ["-c", "print('going to sleep', flush=True); "
+                                   "import time; time.sleep(60)"], cap=1.0).run(c)
+    assert time.monotonic() - started < 15.0
+    assert record["timed_out"] and not record["ok"] and record["tail"] == ["going to sleep"]
+    assert "[sleeper] going to sleep" in (tmp_path / "out" / "campaign.log").read_text()
 
 
 @pytest.mark.slow
-def test_tiny_campaign_runs_every_stage_then_skips_and_resumes(tiny_mnist_dir, tmp_path):
-    work = tmp_path / "work"
-    assert campaign(tiny_mnist_dir, tmp_path / "out1", work) == 0
-    first = records(tmp_path / "out1")
-    for name, record in first.items():
-        assert record["complete"] is True and record["tiny"] is True, name
-        assert "error" not in record, record.get("error")
-    bench = first["bench.json"]
-    assert {"capsnet", "capsnet-fp32-gemm", "capsnet-bf16-gemm"} <= set(bench["cases"]["cases"])
-    assert bench["epoch"]["epoch_seconds"] > 0 and "skipped" in bench["cuda_graphs"]
-    assert bench["epoch"]["epoch"] == 2 and bench["epoch"]["first_epoch_seconds"] > 0
-    health = json.loads((tmp_path / "out1" / "health.json").read_text())
-    assert health["complete"] and health["step_ms"] > 0 and health["precision"] == "fp32"
-    assert 0.75 <= health["estimate_over_measured"] <= 1.25
-    assert "health: one training step" in (tmp_path / "out1" / "campaign.log").read_text()
-    paper = first["paper.json"]
-    assert [run["epochs_done"] for run in paper["seeds"]] == [1, 1, 1]
-    assert all("best" in run["test"] for run in paper["seeds"])
-    assert paper["summary"]["seeds"] == [1, 2, 3] and paper["summary"]["ensemble_size"] == 3
-    assert paper["weights"]["file"] == "paper-capsnet.safetensors"
-    assert (tmp_path / "out1" / "paper-capsnet.safetensors").stat().st_size <= 16 * 2**20
-    assert first["cnn.json"]["run"]["test"]["best"]["accuracy"] >= 0
-    affnist = first["affnist.json"]
-    assert [row["model"] for row in affnist["comparison"]] == ["capsnet", "cnn"]
-    for row in affnist["comparison"]:  # matched: each at or above the level both reached
-        assert row["epoch"] >= 1 and row["val_accuracy"] >= row["matched_val_accuracy"]
-    assert all(run["val_accuracy_at_stop"] is not None for run in affnist["runs"])
-    assert 0 <= first["multimnist.json"]["test_error"] <= 1
-    assert first["multimnist.json"]["test_pairs"] == gpu_campaign.TINY_TEST
-
-    # a second call trains nothing: every run and part is done
-    before = checkpoint_times(work)
-    assert campaign(tiny_mnist_dir, tmp_path / "out2", work) == 0
-    assert checkpoint_times(work) == before
-    second = records(tmp_path / "out2")
-    assert second["paper.json"]["summary"] == paper["summary"]
-    assert set(second["paper.json"]["actions"].values()) == {"done before this call (skipped)"}
-    assert second["bench.json"]["cases"] == bench["cases"]
-
-    # more epochs: each seed resumes from epoch 1, the summary is made again
-    assert campaign(tiny_mnist_dir, tmp_path / "out3", work, "paper", "--epochs", "2") == 0
-    third = json.loads((tmp_path / "out3" / "paper.json").read_text())
-    assert [run["epochs_done"] for run in third["seeds"]] == [2, 2, 2] and third["summary"]
-    assert epochs_logged(work / "paper" / "seed-1") == [1, 2]
-    assert "--epochs 2" in (work / "paper" / "seed-1" / "command.txt").read_text()
+def test_forked_jobs_report_lines_results_and_exit_status_and_are_capped(tmp_path):
+    c = campaign(tmp_path)
+    c.zygote = Zygote(c)
+    try:
+        code = ("import os, sys; print('campaign-result: {\"rows\": 3}'); "
+                "print(os.environ['CAPSNET_CACHE_DIR']); sys.exit(3)")
+        record = Job("forked", ["-c", code], cap=60.0, env={"CAPSNET_CACHE_DIR": "x"}).run(c)
+        assert record["rc"] == 3 and record["result"] == {"rows": 3}
+        assert record["tail"][-1] == "x"
+        hung = Job("hung", ["-c", "import time; time.sleep(60)"], cap=1.0).run(c)
+        assert hung["timed_out"] and hung["rc"] == -signal.SIGTERM
+        # two requests in one write: each is forked (none waits in the server's buffer)
+        lines = ""
+        for key in (101, 102):
+            forked = c.zygote.forked[key] = gpu_campaign.Forked(tmp_path / f"fifo-{key}")
+            os.mkfifo(forked.fifo)
+            lines += json.dumps({"id": key, "argv": ["-c", f"print({key})"], "env": c.env,
+                                 "cwd": str(REPO), "fifo": str(forked.fifo)}) + "\n"
+        c.zygote.proc.stdin.write(lines)
+        c.zygote.proc.stdin.flush()
+        for key in (101, 102):
+            assert c.zygote.forked[key].started.wait(20), f"request {key} was not forked"
+            assert c.zygote.forked[key].stdout.read() == f"{key}\n"
+    finally:
+        c.zygote.close()
 
 
-def test_a_run_stopped_by_the_time_limit_resumes_and_finish_tests_it(tiny_mnist_dir, tmp_path,
-                                                                     monkeypatch):
-    """With no time for a second epoch, a run stops after its first, untested; --finish
-    tests it where it stands; a later call with time trains it on to its epochs."""
-    work, run_dir = tmp_path / "work", tmp_path / "work" / "cnn" / "seed-1"
-    with monkeypatch.context() as m:
-        m.setattr(campaign_runs.Budget, "time_limit", lambda self: 0.0)
-        assert campaign(tiny_mnist_dir, tmp_path / "out1", work, "cnn", "--epochs", "3") == 0
-        stopped = json.loads((tmp_path / "out1" / "cnn.json").read_text())
-        assert stopped["complete"] is False and stopped["run"]["epochs_done"] == 1
-        assert "time limit" in stopped["actions"]["seed 1"] and "test" not in stopped["run"]
-        assert campaign(tiny_mnist_dir, tmp_path / "out2", work, "cnn", "--epochs", "3",
-                        "--finish") == 0
-    finished = json.loads((tmp_path / "out2" / "cnn.json").read_text())
-    assert finished["complete"] is True and finished["run"]["epochs_done"] == 2
-    assert "finished at epoch 2" in finished["actions"]["seed 1"]
-    assert campaign(tiny_mnist_dir, tmp_path / "out3", work, "cnn", "--epochs", "3") == 0
-    assert json.loads((tmp_path / "out3" / "cnn.json").read_text())["run"]["epochs_done"] == 3
-    assert epochs_logged(run_dir) == [1, 2, 3]
+@pytest.mark.slow
+def test_the_campaign_imports_the_standard_library_only_and_its_jobs_no_flask():
+    """The orchestrator loads nothing but the standard library (its clock starts at once);
+    its torch side loads no Flask (absent from the GPU image) and no ONNX."""
+    code = ("import sys; import benchmarks.gpu_campaign; "
+            "assert 'torch' not in sys.modules, 'torch'; "
+            "import benchmarks.campaign_health, capsnet.cli.main; "
+            "absent = {'flask', 'werkzeug', 'onnx', 'onnxruntime', 'scipy', 'playwright'}; "
+            "assert not absent & set(sys.modules), absent & set(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_help_names_the_command_and_its_options(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_campaign.main(["first", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for word in ("--data-dir", "--out", "--work", "--device", "--minutes", "--tiny"):
+        assert word in text
+
+
+# ---------------------------------------------------------------------------- the rehearsal
+
+
+def files_of(out: Path) -> dict:
+    return {p.name: p for p in out.iterdir()}
+
+
+@pytest.mark.slow
+def test_the_tiny_rehearsal_runs_every_part_within_three_minutes(tiny_mnist_dir, tmp_path):
+    out, started = tmp_path / "out", time.monotonic()
+    subprocess.run(command(tiny_mnist_dir, out, tmp_path / "work"), cwd=REPO, check=True,
+                   timeout=TINY_DEADLINE + 60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert time.monotonic() - started < TINY_DEADLINE
+    assert out_problems(out) == []
+    assert set(files_of(out)) == {"campaign.log", "health.json", "bench.json", "protocol.json",
+                                  "paper-capsnet.safetensors", "seeds.tar.gz"}
+    health = json.loads((out / "health.json").read_text())
+    assert health["state"] == "done" and health["device"]["cpu_cores"] >= 1
+    assert {"capsnet-fp32", "capsnet-bf16", "capsnet-fp16", "cnn", "em", "efficient", "resume",
+            "export-onnx", "out-of-memory", "evaluate-shipped", "affine-test-set", "predict",
+            "routing"} == set(health["checks"])
+    for name, check in health["checks"].items():
+        assert check["ok"] or check.get("skipped"), (name, check)
+    assert health["checks"]["out-of-memory"]["skipped"] == "needs a GPU"
+    bench = json.loads((out / "bench.json").read_text())
+    for precision in ("fp32", "auto"):
+        epoch = bench["epochs"][precision]
+        assert epoch["ok"] and epoch["epoch_wall_seconds"] >= epoch["train_seconds"] > 0
+        assert epoch["checkpoint_seconds"] > 0 and epoch["estimate_mib"] > 0
+    protocol = json.loads((out / "protocol.json").read_text())
+    assert protocol["state"] == "done" and protocol["gate"]["recipe"] in ("paper", "fast")
+    assert protocol["summary"]["seeds"] == [1, 2, 3]
+    assert protocol["summary"]["ensemble_size"] == 3
+    assert all(seed["complete"] and seed["curve"] for seed in protocol["seeds"].values())
+    with tarfile.open(out / "seeds.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"summary.json", "seed-3/metrics.csv", "seed-1/test_scores.npy",
+            "seed-2/config.json"} <= names
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose environment names ``text`` (the forked jobs carry the server's)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if text.encode() in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_part_way_leaves_a_log_and_partial_json_and_no_process(tiny_mnist_dir, tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    proc = subprocess.Popen(command(tiny_mnist_dir, out, work), cwd=REPO,
+                            stdout=subprocess.DEVNULL, env={**os.environ,
+                                                            "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 120
+    health = out / "health.json"
+    while time.monotonic() < deadline and not (
+            health.is_file() and json.loads(health.read_text()).get("checks")):
+        time.sleep(0.5)
+    assert proc.poll() is None, "the campaign ended before any health check did"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    assert time.monotonic() - sent < 30.0
+    log = (out / "campaign.log").read_text()
+    assert "SIGTERM: writing what is done" in log and "done in" in log
+    record = json.loads(health.read_text())
+    assert record["state"] == "interrupted" and record["checks"]
+    assert not (out / "protocol.json").exists()
+    time.sleep(2.0)
+    assert processes_mentioning(str(work)) == []
+
+
+def test_the_shipped_models_cpu_figure_is_read_from_the_readme():
+    """`evaluate` on the GPU is held to the figure the README states for the CPU."""
+    assert 0.99 < gpu_campaign.stated_accuracy() < 1.0
+
+
+MNIST_BYTES = 11_374_211  # the four .gz IDX files that travel with the tree
+CARRY_LIMIT = 64 * 2**20  # what a device command takes along
+CARRY_MARGIN = 0.75  # "well under": at most three quarters of it
+
+
+def test_the_tree_that_travels_with_mnist_stays_well_under_64_mib():
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    files = [REPO / name for name in listed.stdout.decode().split("\0") if name]
+    size = sum(path.stat().st_size for path in files if path.is_file())
+    assert size + MNIST_BYTES < CARRY_MARGIN * CARRY_LIMIT, f"{size / 2**20:.1f} MiB tracked"
