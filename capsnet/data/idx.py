@@ -14,12 +14,13 @@ from __future__ import annotations
 import gzip
 import math
 import os
-import tempfile
 import zlib
 from pathlib import Path
 from typing import BinaryIO, Union
 
 import numpy as np
+
+from capsnet.atomic import atomic_write
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -182,18 +183,13 @@ def write_idx(path: PathLike, array: np.ndarray) -> None:
     array = np.asarray(array)
     header = _idx_header(array)
     payload = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder(">")).tobytes()
-    path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            if path.name.endswith(GZIP_SUFFIX):
-                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
-                    gz.write(header)
-                    gz.write(payload)
-            else:
-                raw.write(header)
-                raw.write(payload)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    def write(raw) -> None:
+        if Path(path).name.endswith(GZIP_SUFFIX):
+            with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
+                gz.write(header)
+                gz.write(payload)
+        else:
+            raw.write(header)
+            raw.write(payload)
+
+    atomic_write(path, write)

@@ -1,14 +1,16 @@
 """CapsNet (Sabour, Frosst & Hinton 2017, Fig. 1): Conv1 -> PrimaryCaps -> DigitCaps -> Decoder."""
 from __future__ import annotations
 
+import inspect
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from capsnet.config import CapsNetConfig
+from capsnet.config import CapsNetConfig, ConfigError, stack_fields
 from capsnet.layers import Decoder, DigitCaps, GemmConv2d, InputNorm, PrimaryCaps, full_precision
-from capsnet.layers.router import router_class
+from capsnet.layers.router import capsnet_routers, router_class
+from capsnet.models.entry import TYPE_MAJOR, Children, ClassRouting, ModelEntry
 from capsnet.models.precision import autocast_to
 
 
@@ -47,14 +49,71 @@ class CapsNet(nn.Module):
                         if cfg.use_decoder else None)
         self.compute_dtype: torch.dtype | None = None
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
+    def forward_routing(self, x: torch.Tensor) -> ClassRouting:
+        """Conv1 -> PrimaryCaps -> the votes for DigitCaps and their routing."""
         with autocast_to(x.device, self.compute_dtype):
             h = torch.relu(self.conv1(self.input_norm(x)))  # (B, 256, 20, 20)
-            u = self.primary_caps(h)  # (B, 1152, 8) float32
-            routed = self.digit_caps(u)
-            v, lengths = routed.poses, routed.activations  # (B, 10, 16), (B, 10) float32
-            reconstructions = None
-            if self.decoder is not None:
+            u = self.primary_caps(h)  # (B, 1152, 8) float32, type-major
+        u_hat, routed = self.digit_caps.route(u)  # (B, 10, 1152, 16), Routed
+        return ClassRouting(u, u_hat, None, routed, self.digit_caps.router)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
+        routed = self.forward_routing(x).routed
+        v, lengths = routed.poses, routed.activations  # (B, 10, 16), (B, 10) float32
+        reconstructions = None
+        if self.decoder is not None:
+            with autocast_to(x.device, self.compute_dtype):
                 keep = labels if labels is not None else lengths.argmax(dim=-1)  # (B,)
                 reconstructions = full_precision(self.decoder(v, keep))  # (B, 1, 28, 28)
         return CapsuleOutput(lengths, v, reconstructions)
+
+
+# CapsNet's options that only some routers take: the option -> the router's argument.
+ROUTER_OPTIONS = {"routing_iterations": "iterations", "routing_full_graph": "full_graph",
+                  "none_of_the_above": "none_of_the_above"}
+
+
+def check_routing(config: CapsNetConfig, given: set[str]) -> None:
+    """ConfigError for a router CapsNet cannot hold, or a routing option given for a
+    router without it (self-attention routing has no iterations)."""
+    if config.routing not in capsnet_routers():
+        raise ConfigError(f"unknown routing {config.routing!r} for capsnet; choose from "
+                          f"{', '.join(capsnet_routers())}")
+    takes = inspect.signature(router_class(config.routing)).parameters
+    for option, argument in ROUTER_OPTIONS.items():
+        if option in given and argument not in takes:
+            honoured = [name for name in capsnet_routers()
+                        if argument in inspect.signature(router_class(name)).parameters]
+            raise ConfigError(f"{config.routing} routing takes no {option}; it is an option "
+                              f"of {', '.join(honoured)} routing")
+
+
+def routing_view(config: CapsNetConfig) -> Children:
+    """The primary capsules, type-major i = (type, row, column): centres 8, 10, ..., 18 and
+    fields of 17 pixels for 28x28 (Conv1 and PrimaryCaps at the paper's strides)."""
+    layers = ((config.conv1_kernel, config.conv1_stride),
+              (config.primary_kernel, config.primary_stride))
+    return Children(config.primary_types, config.primary_grid, TYPE_MAJOR,
+                    *stack_fields(layers, config.primary_grid), "primary", "length")
+
+
+# The narrow sizes for tests and quick CPU runs.
+SMALL = {"conv1_channels": 32, "primary_types": 8, "decoder_hidden": (64, 128)}
+
+ENTRY = ModelEntry(
+    name="capsnet", config=CapsNetConfig, model=CapsNet, summary="CapsNet (Sabour et al. 2017)",
+    presets={
+        "paper": {},
+        "small": SMALL,
+        "tiny": SMALL,  # the CNN's 'tiny' comparison; for CapsNet the 'small' sizes
+        "half": {"conv1_channels": 128, "primary_types": 16},  # half the paper's channels
+        # Section 7: CIFAR-10 with 64 primary capsule types and a none-of-the-above
+        # category, trained on random 24x24 crops (registry.PRESET_CROPS).
+        "cifar10": {"primary_types": 64, "none_of_the_above": True},
+        # Section 7: SVHN with 64 Conv1 channels, 16 types of 6-D primary capsules, 8-D capsules.
+        "svhn": {"conv1_channels": 64, "primary_types": 16, "primary_dim": 6, "digit_dim": 8},
+    },
+    lr=1e-3,  # the paper's Adam rate
+    check=check_routing,
+    routing_view=routing_view,
+)
