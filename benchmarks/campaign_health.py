@@ -13,10 +13,9 @@ import time
 import torch
 
 from benchmarks.memory_check import measured_peak
-from capsnet.config import make_config
 from capsnet.devices import tune_backends
 from capsnet.losses import model_loss
-from capsnet.models import build_model
+from capsnet.models import build_model, make_config
 from capsnet.models.precision import grad_scaler_for
 from capsnet.training.loop import backward_and_step
 from capsnet.training.settings import TrainSettings

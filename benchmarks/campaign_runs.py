@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from capsnet.checkpoint import load_checkpoint
 from capsnet.export import export_weights
-from capsnet.loading import load_checkpoint
 from capsnet.training.metrics_log import read_metrics
 from capsnet.training.settings import TrainSettings, resumed_settings
 

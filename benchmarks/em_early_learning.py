@@ -29,12 +29,14 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from capsnet.config import make_config  # noqa: E402
 from capsnet.data.augment import to_model_input  # noqa: E402
 from capsnet.data.datasets import load_dataset  # noqa: E402
 from capsnet.losses import spread_loss, spread_margin  # noqa: E402
-from capsnet.models import build_model  # noqa: E402
-from capsnet.training.settings import EM_LR  # noqa: E402
+from capsnet.models import (  # noqa: E402
+    MODELS,  # noqa: E402
+    build_model,
+    make_config,
+)
 from capsnet.tuning.hardware import cpu_info  # noqa: E402
 
 VALIDATION_START, VALIDATION_SIZE = 55_000, 2_000  # held out: beyond the trained images
@@ -60,7 +62,7 @@ def run_variant(variant: str, images: torch.Tensor, labels: torch.Tensor,
                          f"images {val_start}..{val_start + val_size - 1} of {len(images)}")
     if scaled:
         model.initialise_from_data(to_model_input(images[:args.init_images]))
-    optimizer = torch.optim.Adam(model.parameters(), lr=EM_LR)
+    optimizer = torch.optim.Adam(model.parameters(), lr=MODELS["em"].lr)
     step_model = model if args.no_compile else torch.compile(model)
     start = time.perf_counter()
     for step in range(args.steps):

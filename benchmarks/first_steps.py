@@ -20,12 +20,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from capsnet.config import make_config  # noqa: E402
 from capsnet.data.augment import random_shift, to_model_input  # noqa: E402
 from capsnet.data.datasets import load_dataset  # noqa: E402
 from capsnet.data.splits import stratified_split  # noqa: E402
 from capsnet.losses import margin_loss, reconstruction_loss  # noqa: E402
-from capsnet.models import build_model  # noqa: E402
+from capsnet.models import build_model, make_config  # noqa: E402
 from capsnet.routing_trace import routing_trace  # noqa: E402
 from capsnet.tuning import SpeedPlan, apply_plan, conv_layers  # noqa: E402
 

@@ -67,13 +67,13 @@ from benchmarks.campaign_runs import (  # noqa: E402
     read_results,
     run_summary,
 )
+from capsnet.checkpoint import load_model  # noqa: E402
 from capsnet.data.datasets import load_split  # noqa: E402
 from capsnet.devices import pick_device  # noqa: E402
 from capsnet.experiments.affnist import compare, format_comparison, train_affnist  # noqa: E402
 from capsnet.experiments.matching import matched_checkpoints  # noqa: E402
 from capsnet.experiments.multimnist_training import train_multimnist  # noqa: E402
 from capsnet.experiments.robustness import NamedModel  # noqa: E402
-from capsnet.loading import load_model  # noqa: E402
 from capsnet.training.fit import fit  # noqa: E402
 from capsnet.training.metrics_log import read_metrics  # noqa: E402
 from capsnet.training.repeat import summarise  # noqa: E402

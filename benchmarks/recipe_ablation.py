@@ -31,10 +31,11 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.time_to_accuracy import TINY, machine_line  # noqa: E402
 from capsnet.devices import pick_device  # noqa: E402
+from capsnet.models import MODELS  # noqa: E402
 from capsnet.training.metrics_log import read_metrics  # noqa: E402
 from capsnet.training.recipes import FAST_RECIPE  # noqa: E402
 from capsnet.training.repeat import run_seed  # noqa: E402
-from capsnet.training.settings import PAPER_LR, TrainSettings  # noqa: E402
+from capsnet.training.settings import TrainSettings  # noqa: E402
 
 
 def rows_to_run(epochs: int) -> dict[str, dict]:
@@ -44,7 +45,7 @@ def rows_to_run(epochs: int) -> dict[str, dict]:
     return {
         "paper": {"recipe": "paper"},
         "fast": fast,
-        "fast, peak 1e-3 (the paper's)": {**fast, "lr": PAPER_LR},
+        "fast, peak 1e-3 (the paper's)": {**fast, "lr": MODELS["capsnet"].lr},
         "fast, no warm-up": {**fast, "warmup_epochs": 0.0},
         "fast, exp decay 0.96 instead of cosine": {**fast, "schedule": "exp"},
     }

@@ -53,13 +53,13 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.make_study_sets import STUDY_SETS  # noqa: E402
 from benchmarks.time_to_accuracy import machine_line, run_row  # noqa: E402
+from capsnet.checkpoint import model_from_checkpoint  # noqa: E402
 from capsnet.data.model_view import load_test_set  # noqa: E402
 from capsnet.data.transforms import AffineRanges  # noqa: E402
 from capsnet.devices import pick_device  # noqa: E402
 from capsnet.experiments import TEST_SEED  # noqa: E402
 from capsnet.experiments.robustness import NamedModel, affine_rows  # noqa: E402
 from capsnet.inference import image_batch  # noqa: E402
-from capsnet.loading import model_from_checkpoint  # noqa: E402
 from capsnet.models import count_parameters  # noqa: E402
 from capsnet.training.metrics_log import read_metrics  # noqa: E402
 from capsnet.training.repeat import run_seed  # noqa: E402

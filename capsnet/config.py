@@ -324,5 +324,5 @@ def check_known(model: str, config_class, keys) -> None:
     known = field_names(config_class)
     unknown = sorted(set(keys) - set(known))
     if unknown:
-        raise ConfigError(f"{model} has no option {', '.join(map(repr, unknown))}; its options: "
-                          f"{', '.join(known)}")
+        raise ConfigError(f"unknown option {', '.join(map(repr, unknown))} for {model}; "
+                          f"choose from {', '.join(known)}")

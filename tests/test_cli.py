@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from capsnet.checkpoint import load_checkpoint, model_from_checkpoint
 from capsnet.cli.main import main
-from capsnet.loading import load_checkpoint, model_from_checkpoint
 from capsnet.training import loop
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two

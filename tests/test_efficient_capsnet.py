@@ -13,21 +13,21 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from capsnet.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from capsnet.cli.main import main
-from capsnet.config import (
-    EfficientCapsNetConfig,
-    config_from_dict,
-    config_to_dict,
-    conv_output_size,
-    make_config,
-)
+from capsnet.config import EfficientCapsNetConfig, config_to_dict, conv_output_size
 from capsnet.layers.exp_squash import exp_squash
 from capsnet.layers.router import ROUTERS, router_class
 from capsnet.layers.self_attention_routing import SelfAttentionRouter
-from capsnet.loading import load_checkpoint, model_from_checkpoint
 from capsnet.losses import model_loss
-from capsnet.models import EfficientCapsNet, build_model, count_parameters, model_name_of
-from capsnet.training.checkpoint import save_checkpoint
+from capsnet.models import (
+    EfficientCapsNet,
+    build_model,
+    config_from_dict,
+    count_parameters,
+    make_config,
+    model_name_of,
+)
 from capsnet.tuning.memory import estimate_training_memory
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
@@ -294,9 +294,10 @@ def test_the_memory_estimate_is_within_25_percent_of_the_measured_peak(preset, p
 def test_the_learning_rate_default_is_efficient_capsnets_own():
     from capsnet.cli.args import settings_from_args
     from capsnet.cli.main import build_parser
-    from capsnet.training.settings import EFFICIENT_LR, TrainSettings
+    from capsnet.models import MODELS
+    from capsnet.training.settings import TrainSettings
 
-    assert EFFICIENT_LR == 5e-4  # config.json "lr" of the public code
+    assert MODELS["efficient"].lr == 5e-4  # config.json "lr" of the public code
     assert TrainSettings(model="efficient").lr == 5e-4
     args = build_parser().parse_args(["train", "--model", "efficient"])
     assert settings_from_args(args).lr == 5e-4
@@ -414,8 +415,7 @@ def test_conv_output_size_agrees_with_the_primary_grid():
 
 
 def test_the_paper_capsnet_routes_by_self_attention_when_asked():
-    from capsnet.config import make_config
-    from capsnet.models import build_model
+    from capsnet.models import build_model, make_config
     model = build_model(make_config("capsnet", "small", routing="self-attention"))
     router = model.digit_caps.router
     assert router.name == "self-attention"

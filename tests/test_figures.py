@@ -8,8 +8,8 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from capsnet.checkpoint import save_checkpoint
 from capsnet.cli.main import main
-from capsnet.config import make_config
 from capsnet.figures import (
     curve_series,
     manipulation_figure,
@@ -18,8 +18,7 @@ from capsnet.figures import (
     reconstruction_figure,
     training_curves_figure,
 )
-from capsnet.models import build_model
-from capsnet.training.checkpoint import save_checkpoint
+from capsnet.models import build_model, make_config
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

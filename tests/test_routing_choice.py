@@ -9,8 +9,15 @@ import json
 import pytest
 import torch
 
+from capsnet.checkpoint import (
+    DEFAULT_WEIGHTS,
+    load_checkpoint,
+    load_model,
+    model_from_checkpoint,
+    save_checkpoint,
+)
 from capsnet.cli.main import main
-from capsnet.config import CapsNetConfig, config_from_dict, config_to_dict, make_config
+from capsnet.config import CapsNetConfig, config_to_dict
 from capsnet.data.datasets import load_split
 from capsnet.export import export_weights
 from capsnet.layers import (
@@ -20,11 +27,9 @@ from capsnet.layers import (
     dynamic_routing,
     full_precision,
 )
-from capsnet.loading import DEFAULT_WEIGHTS, load_checkpoint, load_model, model_from_checkpoint
 from capsnet.losses import capsule_loss
-from capsnet.models import CapsNet, build_model, count_parameters
+from capsnet.models import CapsNet, build_model, config_from_dict, count_parameters, make_config
 from capsnet.routing_trace import routing_trace
-from capsnet.training.checkpoint import save_checkpoint
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 

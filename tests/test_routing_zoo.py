@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import routing_zoo as zoo
-from capsnet.loading import model_from_checkpoint
+from capsnet.checkpoint import model_from_checkpoint
 from capsnet.models import count_parameters
 
 COLUMNS = ("| model | routing | test acc | parameters | train img/s | infer img/s | "

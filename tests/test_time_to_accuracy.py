@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import recipe_ablation
 from benchmarks import time_to_accuracy as tta
-from capsnet.loading import load_checkpoint
+from capsnet.checkpoint import load_checkpoint
 from capsnet.training.metrics_log import read_metrics
 
 

@@ -45,7 +45,7 @@ def make_config(model: str, preset: str = PAPER, **overrides):
     routing option its router does not take) is a ConfigError naming the valid choices."""
     entry = model_entry(model)
     if preset not in entry.presets:
-        raise ConfigError(f"model {model} has no preset {preset!r}; choose from "
+        raise ConfigError(f"unknown preset {preset!r} for {model}; choose from "
                           f"{', '.join(entry.presets)}")
     check_known(model, entry.config, overrides)
     config = entry.config(**{**entry.presets[preset], **overrides})
