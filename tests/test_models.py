@@ -76,7 +76,8 @@ def test_make_config_presets_and_errors():
 
 
 @pytest.mark.parametrize("model, options, match", [
-    ("capsnet", {"num_clases": 5}, "unknown option 'num_clases' for capsnet; choose from image_size,"),
+    ("capsnet", {"num_clases": 5},
+     "unknown option 'num_clases' for capsnet; choose from image_size, in_channels, num_classes"),
     ("efficient", {"routing": "inverted-attention"}, "unknown option 'routing' for efficient"),
     ("em", {"routing": "dynamic"}, "unknown option 'routing' for em"),
     ("cnn", {"input_norm": "image"}, "unknown option 'input_norm' for cnn"),

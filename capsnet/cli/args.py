@@ -121,10 +121,12 @@ def load_cli_model(args: argparse.Namespace, source: str | None = None) -> nn.Mo
     return model
 
 
-def add_recipe_args(p: argparse.ArgumentParser, models=tuple(MODELS)) -> None:
+def add_recipe_args(p: argparse.ArgumentParser, models: tuple[str, ...] | None = None) -> None:
     """Model, data and optimisation options of every training command. Model options
     (--routing, --routing-iterations, --input-norm) default to None or 'auto': only those
-    given are checked against the model (capsnet.models.registry.make_config)."""
+    given are checked against the model (capsnet.models.registry.make_config).
+    ``models``: the --model choices (default: every registered model)."""
+    models = models or tuple(MODELS)
     p.add_argument("--model", default=models[0], choices=list(models),
                    help="; ".join(f"{name}: {MODELS[name].summary}" for name in models))
     p.add_argument("--preset", default=DEFAULTS.preset, choices=preset_names(),
