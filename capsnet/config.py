@@ -66,7 +66,7 @@ class NormalisedDataConfig(DataConfig):
     """A model that can standardise its input images."""
 
     # How images meet Conv1: 'none' (the paper's pixels in [0, 1]) or 'image' (each image
-    # standardised; capsnet.layers.input_norm). Chosen by the data: data.policy.input_norm_for.
+    # standardised; capsnet.layers.input_norm). Chosen by the data (capsnet.data.policy).
     input_norm: str = "none"
 
 
@@ -79,7 +79,7 @@ class CapsNetConfig(NormalisedDataConfig):
 
     conv1_channels: int = 256
     conv1_kernel: int = 9
-    # 1 in the paper; larger inputs of other data take a larger one (data.policy.
+    # 1 in the paper; larger inputs of other data take a larger one (capsnet.data.policy.
     # conv1_stride_for) so that the primary capsules stay near the paper's count
     conv1_stride: int = 1
     primary_types: int = 32  # capsule types ("channels") in PrimaryCaps
