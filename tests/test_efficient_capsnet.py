@@ -89,10 +89,13 @@ def test_config_errors_and_round_trip():
         EfficientCapsNetConfig(primary_dim=12)
     with pytest.raises(ValueError, match="differ in length"):
         EfficientCapsNetConfig(conv_kernels=(5, 3))
-    with pytest.raises(ValueError, match="no efficient sizes"):
+    with pytest.raises(ValueError, match="unknown preset 'half' for efficient; choose from paper"):
         make_config("efficient", "half")
     cfg = make_config("efficient", "small", image_size=32, in_channels=3, num_classes=3,
-                      class_names=("a", "b", "c"), routing_iterations=7, input_norm="image")
+                      class_names=("a", "b", "c"))
+    with pytest.raises(ValueError, match="unknown option 'input_norm', 'routing_iterations' for "
+                                         "efficient; choose from image_size"):
+        make_config("efficient", routing_iterations=7, input_norm="image")
     assert config_from_dict("efficient", json.loads(json.dumps(config_to_dict(cfg)))) == cfg
     assert model_name_of(cfg) == "efficient"
     assert isinstance(build_model(cfg), EfficientCapsNet)

@@ -147,7 +147,7 @@ def test_paper_and_small_sizes_and_their_parameter_counts():
             small.caps2_types) == (64, 8, 16, 16)
     assert count_parameters(build_model(paper)) == expected_parameters(32, 32, 32, 32) == 318_964
     assert count_parameters(build_model(small)) == expected_parameters(64, 8, 16, 16) == 68_444
-    with pytest.raises(ValueError, match="no em sizes"):
+    with pytest.raises(ValueError, match="unknown preset 'cifar10' for em; choose from paper"):
         make_config("em", "cifar10")
 
 

@@ -11,6 +11,7 @@ import torch
 from capsnet.config import CapsNetConfig
 from capsnet.layers import ROUTERS, DigitCaps, DynamicRouter, InvertedAttentionRouter
 from capsnet.layers.router import Routed, router_class
+from capsnet.models import CapsNet, make_config
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 
@@ -141,8 +142,10 @@ def test_the_routers_are_registered_by_name():
     assert router_class("inverted-attention") is InvertedAttentionRouter
     with pytest.raises(ValueError, match="unknown routing 'em-ish'; choose from .*dynamic"):
         router_class("em-ish")
-    with pytest.raises(ValueError, match="unknown routing"):
-        CapsNetConfig(routing="em-ish")
+    with pytest.raises(ValueError, match="unknown routing 'em-ish' for capsnet; choose from"):
+        make_config("capsnet", routing="em-ish")
+    with pytest.raises(ValueError, match="unknown routing 'em-ish'"):  # a config made directly
+        CapsNet(CapsNetConfig(routing="em-ish"))
 
 
 @pytest.mark.parametrize("name", ["dynamic", "inverted-attention"])

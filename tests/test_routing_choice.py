@@ -110,7 +110,8 @@ def test_routing_round_trips_and_configs_without_it_are_dynamic():
     assert config_from_dict("capsnet", values) == config
     del values["routing"]  # a config written before the field existed
     assert config_from_dict("capsnet", values).routing == "dynamic"
-    assert "routing" not in config_to_dict(make_config("cnn", "small", routing="dynamic"))
+    with pytest.raises(ValueError, match="unknown option 'routing' for cnn"):
+        make_config("cnn", "small", routing="dynamic")
 
 
 def small_idpa(seed: int = 0) -> CapsNet:
