@@ -78,7 +78,8 @@ class TrainSettings:
     def model_options(self) -> dict:
         """The model's config options these settings name (not left to the preset)."""
         options = {"routing": self.routing, "routing_iterations": self.routing_iterations,
-                   "input_norm": None if self.input_norm == "auto" else self.input_norm}
+                   "input_norm": None if self.input_norm == "auto" else self.input_norm,
+                   "conv1_stride": None if self.conv1_stride == "auto" else int(self.conv1_stride)}
         return {name: value for name, value in options.items() if value is not None}
 
     def to_dict(self) -> dict:
@@ -97,7 +98,7 @@ class TrainSettings:
 
 
 # Options every run saved, whatever its model, before they were checked against it.
-SAVED_FOR_EVERY_MODEL = ("routing", "routing_iterations", "input_norm")
+SAVED_FOR_EVERY_MODEL = ("routing", "routing_iterations", "input_norm", "conv1_stride")
 
 
 # Settings a recipe fills when a run leaves them None (the learning rate and max_shift: see
