@@ -17,7 +17,7 @@ INPUT_NORMS = ("none", "image")  # capsnet.layers.input_norm
 
 class ConfigError(ValueError):
     """An option a model does not have, or a combination it cannot honour (one line that
-    names the valid choices)."""
+    names the valid choices): a usage error. A value out of range is a plain ValueError."""
 
 
 def conv_output_size(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:
@@ -41,13 +41,13 @@ class DataConfig:
             if isinstance(getattr(self, field.name), list):
                 object.__setattr__(self, field.name, tuple(getattr(self, field.name)))
         if self.class_names and len(self.class_names) != self.num_classes:
-            raise ConfigError(f"{len(self.class_names)} class names for {self.num_classes} "
+            raise ValueError(f"{len(self.class_names)} class names for {self.num_classes} "
                               f"classes")
         if self.uncropped_size is not None and self.uncropped_size < self.image_size:
-            raise ConfigError(f"uncropped_size {self.uncropped_size} is smaller than the "
+            raise ValueError(f"uncropped_size {self.uncropped_size} is smaller than the "
                               f"{self.image_size}x{self.image_size} crops")
         if self.input_norm not in INPUT_NORMS:
-            raise ConfigError(f"unknown input_norm {self.input_norm!r}; choose from "
+            raise ValueError(f"unknown input_norm {self.input_norm!r}; choose from "
                               f"{', '.join(INPUT_NORMS)}")
 
     @property
@@ -103,16 +103,16 @@ class CapsNetConfig(NormalisedDataConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.conv1_stride < 1:
-            raise ConfigError(f"conv1_stride must be at least 1, not {self.conv1_stride}")
+            raise ValueError(f"conv1_stride must be at least 1, not {self.conv1_stride}")
         if self.primary_grid < 1:
-            raise ConfigError(
+            raise ValueError(
                 f"image size {self.image_size} is too small for the conv kernels "
                 f"{self.conv1_kernel} and {self.primary_kernel} (strides {self.conv1_stride} "
                 f"and {self.primary_stride}): "
                 f"the smallest workable size is {self.smallest_image_size} pixels "
                 f"(--image-size N resizes the images)")
         if self.routing_iterations < 1:
-            raise ConfigError("routing_iterations must be at least 1")
+            raise ValueError("routing_iterations must be at least 1")
 
     @property
     def smallest_image_size(self) -> int:
@@ -152,7 +152,7 @@ class CNNConfig(DataConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.feature_grid < 1:
-            raise ConfigError(f"image size {self.image_size} is too small for "
+            raise ValueError(f"image size {self.image_size} is too small for "
                               f"{len(self.conv_channels)} poolings by {self.pool}")
 
     @property
@@ -182,12 +182,12 @@ class EfficientCapsNetConfig(DataConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not len(self.conv_channels) == len(self.conv_kernels) == len(self.conv_strides):
-            raise ConfigError("conv_channels, conv_kernels and conv_strides differ in length")
+            raise ValueError("conv_channels, conv_kernels and conv_strides differ in length")
         if self.conv_channels[-1] % self.primary_dim:
-            raise ConfigError(f"the last convolution's {self.conv_channels[-1]} channels do "
+            raise ValueError(f"the last convolution's {self.conv_channels[-1]} channels do "
                               f"not make primary capsules of {self.primary_dim} dimensions")
         if self.primary_grid < 1:
-            raise ConfigError(f"image size {self.image_size} is too small for the convolutions "
+            raise ValueError(f"image size {self.image_size} is too small for the convolutions "
                               f"{self.conv_kernels} (strides {self.conv_strides}) and the "
                               f"{self.primary_kernel}x{self.primary_kernel} depthwise kernel "
                               f"(--image-size N resizes the images)")
@@ -249,12 +249,12 @@ class EMCapsNetConfig(NormalisedDataConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.caps2_grid < 1:
-            raise ConfigError(f"image size {self.image_size} is too small for the EM capsule "
+            raise ValueError(f"image size {self.image_size} is too small for the EM capsule "
                               f"network's kernels and strides: the smallest workable size is "
                               f"{self.smallest_image_size} pixels (--image-size N resizes the "
                               f"images)")
         if self.routing_iterations < 1:
-            raise ConfigError("routing_iterations must be at least 1")
+            raise ValueError("routing_iterations must be at least 1")
 
     @property
     def layers(self) -> tuple[tuple[int, int], ...]:
