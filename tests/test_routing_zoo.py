@@ -94,7 +94,7 @@ def test_every_row_follows_one_protocol(tmp_path):
     assert runs["em"].routing_iterations == 2  # the paper's 3 learn far more slowly
     em3 = zoo.run_settings(args, "mnist", "em-3")
     assert (em3.model, em3.routing_iterations, em3.compile) == ("em", 3, True)
-    assert runs["capsnet"].routing_iterations == 3  # CapsNet keeps its default
+    assert runs["capsnet"].routing_iterations is None  # CapsNet keeps its preset's (3)
     assert runs["efficient"].augment == "efficient"  # its own recipe otherwise
     fashion = zoo.run_settings(args, "fashion-mnist", "cnn")
     assert (fashion.dataset, fashion.data_dir, fashion.target_accuracy) == ("fashion-mnist",
