@@ -319,6 +319,11 @@ def field_names(config_class) -> list[str]:
     return [f.name for f in dataclasses.fields(config_class)]
 
 
+def field_defaults(config_class) -> dict:
+    """Every option of a config class with its default."""
+    return {f.name: f.default for f in dataclasses.fields(config_class)}
+
+
 def check_known(model: str, config_class, keys) -> None:
     """ConfigError naming the unknown keys and the valid ones, if any key is not an option."""
     known = field_names(config_class)

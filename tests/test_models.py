@@ -264,3 +264,16 @@ def test_reconstruction_uses_the_label_when_given_else_the_longest_capsule():
         poses[torch.arange(3), other] += 0.5
         torch.testing.assert_close(model.decoder(poses, predicted), free.reconstructions,
                                    rtol=0, atol=0)
+
+
+def test_run_settings_check_the_options_they_name_not_the_sizes_the_data_decides():
+    """A stride too large for the preset's 28x28 default may suit the run's images: the
+    settings check which options the model takes; the sizes are checked at the data's size."""
+    from capsnet.training.settings import TrainSettings
+
+    assert TrainSettings(conv1_stride=3).model_options() == {"conv1_stride": 3}
+    assert TrainSettings(model="em").model_options() == {}  # the defaults name nothing
+    with pytest.raises(ConfigError, match="unknown option 'conv1_stride' for cnn"):
+        TrainSettings(model="cnn", conv1_stride=3)
+    with pytest.raises(ConfigError, match="self-attention routing takes no routing_iterations"):
+        TrainSettings(routing="self-attention", routing_iterations=2)

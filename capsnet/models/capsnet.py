@@ -73,18 +73,19 @@ ROUTER_OPTIONS = {"routing_iterations": "iterations", "routing_full_graph": "ful
                   "none_of_the_above": "none_of_the_above"}
 
 
-def check_routing(config: CapsNetConfig, given: set[str]) -> None:
+def check_routing(values: dict, given: set[str]) -> None:
     """ConfigError for a router CapsNet cannot hold, or a routing option given for a
     router without it (self-attention routing has no iterations)."""
-    if config.routing not in capsnet_routers():
-        raise ConfigError(f"unknown routing {config.routing!r} for capsnet; choose from "
+    routing = values["routing"]
+    if routing not in capsnet_routers():
+        raise ConfigError(f"unknown routing {routing!r} for capsnet; choose from "
                           f"{', '.join(capsnet_routers())}")
-    takes = inspect.signature(router_class(config.routing)).parameters
+    takes = inspect.signature(router_class(routing)).parameters
     for option, argument in ROUTER_OPTIONS.items():
         if option in given and argument not in takes:
             honoured = [name for name in capsnet_routers()
                         if argument in inspect.signature(router_class(name)).parameters]
-            raise ConfigError(f"{config.routing} routing takes no {option}; it is an option "
+            raise ConfigError(f"{routing} routing takes no {option}; it is an option "
                               f"of {', '.join(honoured)} routing")
 
 

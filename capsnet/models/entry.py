@@ -27,9 +27,9 @@ class ModelEntry:
     preset_lr: dict[str, float] = field(default_factory=dict)  # presets with another rate
     # recipe name -> its fields changed for this model (capsnet.training.recipes.RECIPES)
     recipes: dict[str, dict] = field(default_factory=dict)
-    # config, the option names a caller gave -> ConfigError for a combination the model
-    # cannot honour (unknown options are rejected before)
-    check: Callable[[Any, set[str]], None] | None = None
+    # the config's values (defaults, preset, options) and the option names a caller gave ->
+    # ConfigError for a combination the model cannot honour (unknown options are refused before)
+    check: Callable[[dict, set[str]], None] | None = None
     # config -> where the class capsules' children sit; None: the model does not route
     # (the model then has no forward_routing)
     routing_view: Callable[[Any], Children] | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from capsnet.config import ConfigError, check_known, field_names
+from capsnet.config import ConfigError, check_known, field_defaults, field_names
 from capsnet.models import capsnet, cnn_baseline, efficient_capsnet, em_capsnet
 from capsnet.models.entry import ModelEntry
 
@@ -39,19 +39,25 @@ def preset_names() -> list[str]:
     return sorted({preset for entry in MODELS.values() for preset in entry.presets})
 
 
-def make_config(model: str, preset: str = PAPER, **overrides):
-    """Config for ``model`` from a named preset plus ``overrides``. An unknown preset, an
-    option the model does not have, or one it cannot honour with the others (e.g. a
-    routing option its router does not take) is a ConfigError naming the valid choices."""
+def check_options(model: str, preset: str = PAPER, **options) -> None:
+    """ConfigError naming the valid choices for an unknown model or preset, an option the
+    model does not have, or one it cannot honour with the others (e.g. a routing option its
+    router does not take). The values themselves are checked when the config is made."""
     entry = model_entry(model)
     if preset not in entry.presets:
         raise ConfigError(f"unknown preset {preset!r} for {model}; choose from "
                           f"{', '.join(entry.presets)}")
-    check_known(model, entry.config, overrides)
-    config = entry.config(**{**entry.presets[preset], **overrides})
+    check_known(model, entry.config, options)
     if entry.check is not None:
-        entry.check(config, set(overrides))
-    return config
+        values = {**field_defaults(entry.config), **entry.presets[preset], **options}
+        entry.check(values, set(options))
+
+
+def make_config(model: str, preset: str = PAPER, **overrides):
+    """Config for ``model`` from a named preset plus ``overrides``, checked strictly
+    (:func:`check_options`)."""
+    check_options(model, preset, **overrides)
+    return MODELS[model].config(**{**MODELS[model].presets[preset], **overrides})
 
 
 def config_from_dict(model: str, values: dict):

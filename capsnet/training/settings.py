@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from capsnet.models.registry import has_option, make_config
+from capsnet.models.registry import check_options, has_option
 from capsnet.training.recipes import AUGMENTATIONS, SCHEDULES, default_lr, recipe_for
 
 
@@ -60,7 +60,7 @@ class TrainSettings:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        make_config(self.model, self.preset, **self.model_options())  # ConfigError if not
+        check_options(self.model, self.preset, **self.model_options())
         recipe = recipe_for(self.recipe, self.model)
         for name in RECIPE_FIELDS:
             if getattr(self, name) is None:
