@@ -7,9 +7,15 @@ measurement) -> ``data`` -> ``loading`` -> ``training`` (the one epoch driver) -
 """
 __version__ = "0.1.0"
 
-from capsnet.config import CapsNetConfig, CNNConfig  # noqa: E402
 from capsnet.inference import predict  # noqa: E402
-from capsnet.models import CapsNet, CNNBaseline, build_model, make_config  # noqa: E402
+from capsnet.models import (  # noqa: E402
+    CapsNet,
+    CapsNetConfig,
+    CNNBaseline,
+    CNNConfig,
+    build_model,
+    make_config,
+)
 
 __all__ = ["CapsNet", "CapsNetConfig", "CNNBaseline", "CNNConfig", "build_model", "make_config",
            "predict", "__version__"]

@@ -15,13 +15,14 @@ from PIL import Image, ImageDraw
 
 from capsnet.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from capsnet.cli.main import main
-from capsnet.config import EfficientCapsNetConfig, config_to_dict, conv_output_size
+from capsnet.config import config_to_dict, conv_output_size
 from capsnet.layers.exp_squash import exp_squash
 from capsnet.layers.router import ROUTERS, router_class
 from capsnet.layers.self_attention_routing import SelfAttentionRouter
 from capsnet.losses import model_loss
 from capsnet.models import (
     EfficientCapsNet,
+    EfficientCapsNetConfig,
     build_model,
     config_from_dict,
     count_parameters,

@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from capsnet.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from capsnet.cli.main import main
-from capsnet.config import EMCapsNetConfig, config_to_dict
+from capsnet.config import config_to_dict
 from capsnet.layers.matrix_caps import (
     COLUMN_SLOT,
     POSE_SIDE,
@@ -27,6 +27,7 @@ from capsnet.models import (
     MODELS,
     CapsuleOutput,
     EMCapsNet,
+    EMCapsNetConfig,
     MatrixCapsuleOutput,
     build_model,
     class_scores,

@@ -8,12 +8,14 @@ import re
 import pytest
 import torch
 
-from capsnet.config import CapsNetConfig, CNNConfig, ConfigError, config_to_dict
+from capsnet.config import ConfigError, config_to_dict
 from capsnet.losses import model_loss
 from capsnet.models import (
     CapsNet,
+    CapsNetConfig,
     CapsuleOutput,
     CNNBaseline,
+    CNNConfig,
     build_model,
     class_scores,
     config_from_dict,

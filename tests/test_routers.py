@@ -8,10 +8,9 @@ import math
 import pytest
 import torch
 
-from capsnet.config import CapsNetConfig
 from capsnet.layers import ROUTERS, DigitCaps, DynamicRouter, InvertedAttentionRouter
 from capsnet.layers.router import Routed, router_class
-from capsnet.models import CapsNet, make_config
+from capsnet.models import CapsNet, CapsNetConfig, make_config
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 

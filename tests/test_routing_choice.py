@@ -17,7 +17,7 @@ from capsnet.checkpoint import (
     save_checkpoint,
 )
 from capsnet.cli.main import main
-from capsnet.config import CapsNetConfig, config_to_dict
+from capsnet.config import config_to_dict
 from capsnet.data.datasets import load_split
 from capsnet.export import export_weights
 from capsnet.layers import (
@@ -28,7 +28,14 @@ from capsnet.layers import (
     full_precision,
 )
 from capsnet.losses import capsule_loss
-from capsnet.models import CapsNet, build_model, config_from_dict, count_parameters, make_config
+from capsnet.models import (
+    CapsNet,
+    CapsNetConfig,
+    build_model,
+    config_from_dict,
+    count_parameters,
+    make_config,
+)
 from capsnet.routing_trace import routing_trace
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two

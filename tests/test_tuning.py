@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 
-from capsnet.config import CapsNetConfig
-from capsnet.models import CapsNet, build_model, make_config
+from capsnet.models import CapsNet, CapsNetConfig, build_model, make_config
 from capsnet.tuning import (
     INFERENCE_BATCH,
     SpeedPlan,

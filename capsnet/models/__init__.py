@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from capsnet.models.capsnet import CapsNet, CapsuleOutput
-from capsnet.models.cnn_baseline import CNNBaseline
-from capsnet.models.efficient_capsnet import EfficientCapsNet
-from capsnet.models.em_capsnet import EMCapsNet, MatrixCapsuleOutput
+from capsnet.models.capsnet import CapsNet, CapsNetConfig, CapsuleOutput
+from capsnet.models.cnn_baseline import CNNBaseline, CNNConfig
+from capsnet.models.efficient_capsnet import EfficientCapsNet, EfficientCapsNetConfig
+from capsnet.models.em_capsnet import EMCapsNet, EMCapsNetConfig, MatrixCapsuleOutput
 from capsnet.models.entry import ClassRouting, ModelEntry
 from capsnet.models.registry import (
     MODELS,
@@ -40,7 +40,8 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["CapsNet", "CapsuleOutput", "ClassRouting", "CNNBaseline", "EfficientCapsNet",
+__all__ = ["CapsNet", "CapsNetConfig", "CNNConfig", "EfficientCapsNetConfig", "EMCapsNetConfig",
+           "CapsuleOutput", "ClassRouting", "CNNBaseline", "EfficientCapsNet",
            "EMCapsNet", "MatrixCapsuleOutput", "MODELS", "ModelEntry", "PRESET_CROPS",
            "build_model", "class_scores", "config_from_dict", "count_parameters",
            "entry_of", "make_config", "model_entry",

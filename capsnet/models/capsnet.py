@@ -2,16 +2,83 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from capsnet.config import CapsNetConfig, ConfigError, stack_fields
+from capsnet.config import ConfigError, NormalisedDataConfig, conv_output_size, stack_fields
 from capsnet.layers import Decoder, DigitCaps, GemmConv2d, InputNorm, PrimaryCaps, full_precision
 from capsnet.layers.router import capsnet_routers, router_class
 from capsnet.models.entry import TYPE_MAJOR, Children, ClassRouting, ModelEntry
 from capsnet.models.precision import autocast_to
+
+
+@dataclass(frozen=True)
+class CapsNetConfig(NormalisedDataConfig):
+    """The CapsNet of Sabour, Frosst & Hinton (2017), Figure 1 and 2.
+
+    Defaults are the paper's; the ``small`` preset shrinks the widths for tests.
+    """
+
+    conv1_channels: int = 256
+    conv1_kernel: int = 9
+    # 1 in the paper; larger inputs of other data take a larger one (capsnet.data.policy.
+    # conv1_stride_for) so that the primary capsules stay near the paper's count
+    conv1_stride: int = 1
+    primary_types: int = 32  # capsule types ("channels") in PrimaryCaps
+    primary_dim: int = 8
+    primary_kernel: int = 9
+    primary_stride: int = 2
+    digit_dim: int = 16
+    # The routing algorithm from primary to digit capsules, by its registered name
+    # (capsnet.layers.router.ROUTERS): 'dynamic' (the paper's Procedure 1),
+    # 'inverted-attention' (Tsai et al. 2020) or 'self-attention'. Checked against the
+    # registered routers when the model is made (capsnet.models.capsnet).
+    routing: str = "dynamic"
+    routing_iterations: int = 3
+    routing_full_graph: bool = False  # backpropagate through every routing iteration
+    # Section 7 (CIFAR-10): a "none-of-the-above" category in the routing softmax, a logit
+    # fixed at zero that takes a share of each input capsule's coupling but has no capsule.
+    none_of_the_above: bool = False
+    decoder_hidden: tuple[int, ...] = (512, 1024)
+    use_decoder: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.conv1_stride < 1:
+            raise ValueError(f"conv1_stride must be at least 1, not {self.conv1_stride}")
+        if self.primary_grid < 1:
+            raise ValueError(
+                f"image size {self.image_size} is too small for the conv kernels "
+                f"{self.conv1_kernel} and {self.primary_kernel} (strides {self.conv1_stride} "
+                f"and {self.primary_stride}): "
+                f"the smallest workable size is {self.smallest_image_size} pixels "
+                f"(--image-size N resizes the images)")
+        if self.routing_iterations < 1:
+            raise ValueError("routing_iterations must be at least 1")
+
+    @property
+    def smallest_image_size(self) -> int:
+        """The smallest input side with a 1x1 primary grid: Conv1's kernel, then one
+        PrimaryCaps kernel of Conv1 positions (17 for the paper's 9 and 9 at stride 1)."""
+        return self.conv1_kernel + (self.primary_kernel - 1) * self.conv1_stride
+
+    @property
+    def conv1_grid(self) -> int:
+        """Side of Conv1's output (20 for 28x28)."""
+        return conv_output_size(self.image_size, self.conv1_kernel, self.conv1_stride)
+
+    @property
+    def primary_grid(self) -> int:
+        """Side of PrimaryCaps' output grid (6 for 28x28)."""
+        return conv_output_size(self.conv1_grid, self.primary_kernel, self.primary_stride)
+
+    @property
+    def num_primary_caps(self) -> int:
+        """Number of primary capsules (1152 for 28x28)."""
+        return self.primary_types * self.primary_grid**2
 
 
 class CapsuleOutput(NamedTuple):

@@ -1,13 +1,40 @@
 """The paper's baseline CNN (Sabour et al. 2017, section 5): about 35.4M parameters."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from capsnet.config import CNNConfig
+from capsnet.config import DataConfig
 from capsnet.layers import GemmConv2d, full_precision
 from capsnet.models.entry import ModelEntry
 from capsnet.models.precision import autocast_to
+
+
+@dataclass(frozen=True)
+class CNNConfig(DataConfig):
+    """The paper's baseline CNN: three 5x5 conv layers, FC 328, FC 192, dropout.
+
+    ``pool`` > 1 max-pools by that factor after every convolution (the paper's CNN has no
+    pooling; the ``tiny`` preset, a plain small CNN, pools by 2)."""
+
+    conv_channels: tuple[int, ...] = (256, 256, 128)
+    conv_kernel: int = 5
+    pool: int = 1
+    fc_hidden: tuple[int, ...] = (328, 192)
+    dropout: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.feature_grid < 1:
+            raise ValueError(f"image size {self.image_size} is too small for "
+                              f"{len(self.conv_channels)} poolings by {self.pool}")
+
+    @property
+    def feature_grid(self) -> int:
+        """Side of the last convolution's output (the image's side without pooling)."""
+        return self.image_size // self.pool ** len(self.conv_channels)
 
 
 class CNNBaseline(nn.Module):

@@ -13,11 +13,12 @@ the class capsules masked by the label (training) or the longest capsule (infere
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from capsnet.config import EfficientCapsNetConfig, stack_fields
+from capsnet.config import DataConfig, conv_output_size, stack_fields
 from capsnet.layers import Decoder, GemmConv2d, full_precision
 from capsnet.layers.depthwise_primary_caps import DepthwisePrimaryCaps
 from capsnet.layers.self_attention_routing import SelfAttentionRouter
@@ -32,6 +33,66 @@ BN_EPS = 1e-3
 # Keras' truncated-normal initialisers cut at two standard deviations and divide the target
 # standard deviation by this, the standard deviation of a unit normal truncated there.
 TRUNCATED_NORMAL_STD = 0.87962566103423978
+
+
+@dataclass(frozen=True)
+class EfficientCapsNetConfig(DataConfig):
+    """Efficient-CapsNet (Mazzia, Salvetti & Chiaberge 2021, Sci. Rep. 11:14634), the MNIST
+    model of the public code (EscVM/Efficient-CapsNet, models/efficient_capsnet_graph_mnist.py):
+    valid convolutions with ReLU and BatchNorm, a depthwise ``primary_kernel`` convolution
+    cut into ``primary_dim``-D primary capsules, self-attention routing to ``digit_dim``-D
+    class capsules, and the FC reconstruction decoder. 161,824 parameters without the
+    decoder for 28x28 grey images (16 primary capsules, derived from the sizes)."""
+
+    conv_channels: tuple[int, ...] = (32, 64, 64, 128)
+    conv_kernels: tuple[int, ...] = (5, 3, 3, 3)
+    conv_strides: tuple[int, ...] = (1, 1, 1, 2)
+    primary_kernel: int = 9  # the depthwise convolution's kernel
+    primary_dim: int = 8
+    digit_dim: int = 16
+    decoder_hidden: tuple[int, ...] = (512, 1024)
+    use_decoder: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not len(self.conv_channels) == len(self.conv_kernels) == len(self.conv_strides):
+            raise ValueError("conv_channels, conv_kernels and conv_strides differ in length")
+        if self.conv_channels[-1] % self.primary_dim:
+            raise ValueError(f"the last convolution's {self.conv_channels[-1]} channels do "
+                              f"not make primary capsules of {self.primary_dim} dimensions")
+        if self.primary_grid < 1:
+            raise ValueError(f"image size {self.image_size} is too small for the convolutions "
+                              f"{self.conv_kernels} (strides {self.conv_strides}) and the "
+                              f"{self.primary_kernel}x{self.primary_kernel} depthwise kernel "
+                              f"(--image-size N resizes the images)")
+
+    @property
+    def layers(self) -> tuple[tuple[int, int], ...]:
+        """(kernel, stride) of every convolution and the depthwise one, input first."""
+        return (*zip(self.conv_kernels, self.conv_strides, strict=True), (self.primary_kernel, 1))
+
+    @property
+    def feature_grid(self) -> int:
+        """Side of the last convolution's output (9 for 28x28)."""
+        size = self.image_size
+        for kernel, stride in self.layers[:-1]:
+            size = conv_output_size(size, kernel, stride)
+        return size
+
+    @property
+    def primary_grid(self) -> int:
+        """Side of the depthwise convolution's output (1 for 28x28)."""
+        return conv_output_size(self.feature_grid, self.primary_kernel)
+
+    @property
+    def primary_types(self) -> int:
+        """Primary capsules per grid cell (16: 128 channels of 8 dimensions each)."""
+        return self.conv_channels[-1] // self.primary_dim
+
+    @property
+    def num_primary_caps(self) -> int:
+        """Number of primary capsules (16 for 28x28: 128 channels of a 1x1 map, 8 each)."""
+        return self.primary_grid**2 * self.primary_types
 
 
 def keras_truncated_normal_(tensor: torch.Tensor, variance: float) -> torch.Tensor:

@@ -2,17 +2,90 @@
 ReLU Conv1 -> PrimaryCaps -> ConvCaps1 -> ConvCaps2 -> Class capsules."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import nn
 
-from capsnet.config import EMCapsNetConfig, stack_fields
+from capsnet.config import NormalisedDataConfig, conv_output_size, stack_fields
 from capsnet.layers import GemmConv2d, InputNorm
 from capsnet.layers.matrix_caps import ClassCapsules, ConvMatrixCaps, PrimaryMatrixCaps
 from capsnet.models.capsnet import CapsuleOutput
 from capsnet.models.entry import POSITION_MAJOR, Children, ClassRouting, ModelEntry
 from capsnet.models.precision import autocast_to
+
+
+@dataclass(frozen=True)
+class EMCapsNetConfig(NormalisedDataConfig):
+    """The matrix-capsule network of Hinton, Sabour & Frosst (2018), section 4 (smallNORB):
+    ReLU Conv1 (5x5, stride 2, A channels) -> PrimaryCaps (1x1, B types of 4x4 poses and
+    sigmoid activations) -> ConvCaps1 (3x3, stride 2, C types) -> ConvCaps2 (3x3, stride 1,
+    D types) -> one class capsule per class (transformations shared over positions,
+    coordinate addition), EM routing between capsule layers, spread loss.
+
+    Defaults are the paper's A = B = C = D = 32 with valid (unpadded) convolutions; on
+    28x28 inputs the grids are 12, 12, 5 and 3. The ``small`` preset (A=64, B=8, C=D=16,
+    as in IBM/matrix-capsules-with-em-routing config.py) trains on a CPU.
+    """
+
+    conv1_channels: int = 32  # A
+    conv1_kernel: int = 5
+    conv1_stride: int = 2
+    primary_types: int = 32  # B
+    caps1_types: int = 32  # C
+    caps2_types: int = 32  # D
+    caps_kernel: int = 3
+    caps1_stride: int = 2
+    caps2_stride: int = 1
+    routing_iterations: int = 3
+    final_lambda: float = 0.01  # the EM routing's last inverse temperature (authors, OpenReview)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.caps2_grid < 1:
+            raise ValueError(f"image size {self.image_size} is too small for the EM capsule "
+                              f"network's kernels and strides: the smallest workable size is "
+                              f"{self.smallest_image_size} pixels (--image-size N resizes the "
+                              f"images)")
+        if self.routing_iterations < 1:
+            raise ValueError("routing_iterations must be at least 1")
+
+    @property
+    def layers(self) -> tuple[tuple[int, int], ...]:
+        """(kernel, stride) of Conv1, PrimaryCaps, ConvCaps1 and ConvCaps2, input first."""
+        return ((self.conv1_kernel, self.conv1_stride), (1, 1),
+                (self.caps_kernel, self.caps1_stride), (self.caps_kernel, self.caps2_stride))
+
+    @property
+    def conv1_grid(self) -> int:
+        """Side of Conv1's output, also PrimaryCaps' grid (12 for 28x28)."""
+        return conv_output_size(self.image_size, self.conv1_kernel, self.conv1_stride)
+
+    @property
+    def caps1_grid(self) -> int:
+        """Side of ConvCaps1's grid (5 for 28x28)."""
+        return conv_output_size(self.conv1_grid, self.caps_kernel, self.caps1_stride)
+
+    @property
+    def caps2_grid(self) -> int:
+        """Side of ConvCaps2's grid, the class capsules' children (3 for 28x28)."""
+        return conv_output_size(self.caps1_grid, self.caps_kernel, self.caps2_stride)
+
+    @property
+    def smallest_image_size(self) -> int:
+        """The smallest input side with a 1x1 ConvCaps2 grid."""
+        size = 1
+        for kernel, stride in reversed(self.layers):
+            size = (size - 1) * stride + kernel
+        return size
+
+    @property
+    def class_coordinates(self) -> tuple[float, ...]:
+        """Coordinate addition: the centre of the receptive field of each row (= column) of
+        ConvCaps2's grid, in pixels, scaled by the image size to (0, 1)."""
+        centres, _ = stack_fields(self.layers, self.caps2_grid)
+        return tuple((centre + 0.5) / self.image_size for centre in centres)  # pixel centre
 
 
 class MatrixCapsuleOutput(CapsuleOutput):

@@ -19,7 +19,7 @@ class ModelEntry:
     """One model, as the registry, the CLI, training, tracing and export see it."""
 
     name: str  # the --model choice and the checkpoint's "model"
-    config: type  # its config dataclass (capsnet.config)
+    config: type  # its config dataclass (a capsnet.config.DataConfig, in the model's file)
     model: Callable[[Any], nn.Module]  # config -> a fresh model
     summary: str  # one line for --model's help
     presets: dict[str, dict]  # preset name -> config values ('paper': the defaults)
