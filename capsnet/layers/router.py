@@ -58,7 +58,7 @@ class Router(nn.Module):
                     pose_dim: int) -> Router:  # pragma: no cover - abstract
         """The router of a capsule layer with ``children`` inputs and ``parents`` outputs
         of ``pose_dim`` numbers each, its options read from ``config`` (a
-        :class:`capsnet.models.capsnet.CapsNetConfig`: ``routing_iterations``, ...)."""
+        :class:`capsnet.config.CapsNetConfig`: ``routing_iterations``, ...)."""
         raise NotImplementedError
 
     def forward(self, votes: torch.Tensor, activations: torch.Tensor | None = None,
