@@ -98,7 +98,7 @@ def resident_peak(config, batch_size: int, precision: str = "fp32", impl: str = 
     process; None where /proc does not offer it."""
     import subprocess
 
-    code = (f"import json, torch, benchmarks.memory_check as m; from capsnet.config import "
+    code = (f"import json, torch, benchmarks.memory_check as m; from capsnet.models import "
             f"config_from_dict as c; print(m._resident_peak_here(c({_name(config)!r}, "
             f"json.loads({_json(config)!r})), {batch_size}, {precision!r}, {impl!r}, {steps}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -162,7 +162,7 @@ CHECKS = (("paper", "capsnet", {}),
 
 
 def main(argv=None) -> int:
-    from capsnet.config import make_config
+    from capsnet.models import make_config
     from capsnet.tuning.memory import estimate_training_memory
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -30,12 +30,12 @@ import torch
 from benchmarks import sweep
 from benchmarks.bench import describe_device
 from benchmarks.sweep import Column, Study, Variant, percent
+from capsnet.checkpoint import model_from_checkpoint
 from capsnet.data.model_view import load_test_set
 from capsnet.data.transforms import AffineRanges
 from capsnet.experiments import TEST_SEED
 from capsnet.experiments.robustness import NamedModel, affine_rows
 from capsnet.inference import image_batch
-from capsnet.loading import model_from_checkpoint
 from capsnet.models import count_parameters
 from capsnet.training.settings import TrainSettings
 from capsnet.tuning import tune_for_inference

@@ -25,7 +25,7 @@ data and training             ImageDataset, load_dataset, fit, TrainSettings
 
 Each name is imported on first use, so ``import capsnet`` itself is quick and imports
 neither torch nor the applications. The library, bottom-up: ``config`` -> ``layers`` ->
-``models`` -> ``tuning`` -> ``data`` -> ``loading`` -> ``training`` -> ``experiments``;
+``models`` -> ``tuning`` -> ``data`` -> ``checkpoint`` -> ``training`` -> ``experiments``;
 using a model: ``inference``, ``preprocess``, ``routing_trace``, ``figures``, ``export``.
 The applications ``cli`` and ``web`` sit on top. See docs/architecture.md and the Python
 API section of docs/usage.md.
@@ -43,11 +43,11 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("CapsNet", "CNNBaseline", "EfficientCapsNet", "EMCapsNet", "CapsuleOutput",
                      "build_model"), "capsnet.models"),
     **dict.fromkeys(("CapsNetConfig", "CNNConfig", "EfficientCapsNetConfig", "EMCapsNetConfig",
-                     "make_config"), "capsnet.config"),
+                     "make_config", "MatrixCapsuleOutput"), "capsnet.models"),
     # by name, with trained weights
     **dict.fromkeys(("create_model", "list_models"), "capsnet.hub"),
     **dict.fromkeys(("load_pretrained", "pretrained_names"), "capsnet.pretrained"),
-    "load_model": "capsnet.loading",
+    "load_model": "capsnet.checkpoint",
     # layers
     **dict.fromkeys(("squash", "PrimaryCaps", "DigitCaps", "Decoder"), "capsnet.layers"),
     **dict.fromkeys(("Router", "Routed", "DynamicRouter", "EMRouter", "InvertedAttentionRouter",

@@ -19,37 +19,28 @@ from typing import Any
 import torch
 from torch import nn
 
-from capsnet.config import class_names, config_to_dict
-from capsnet.loading import WEIGHTS_FORMAT, WEIGHTS_SUFFIX, load_checkpoint, load_model
-from capsnet.models import (
-    CapsNet,
-    CapsuleOutput,
-    EfficientCapsNet,
-    EMCapsNet,
-    MatrixCapsuleOutput,
-    model_name_of,
-)
+from capsnet.atomic import atomic_path
+from capsnet.checkpoint import WEIGHTS_SUFFIX, load_checkpoint, load_model, save_weights
+from capsnet.classes import class_names
+from capsnet.config import config_to_dict
+from capsnet.models import CapsuleOutput, class_scores, entry_of
 
 FORMATS = ("onnx", "torchscript")
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".ts.pt"}  # default file names: <stem><suffix>
-ONNX_OPSET = 17
-# EM routing normalises each child's assignments over its parents by a scatter-max (for a
-# stable logsumexp): ONNX's ScatterElements reduction 'max' is opset 18.
-EM_ONNX_OPSET = 18
+ONNX_OPSET = 17  # a model's registry entry may ask for a later one (onnx_opset)
 INPUT_NAME = "images"
 BATCH_AXIS = "batch"
 EXAMPLE_BATCH = 2  # traced with this batch; the batch dimension stays dynamic
 METADATA_FILE = "capsnet.json"  # TorchScript extra file holding the description
-CAPSULE_MODELS = (CapsNet, EfficientCapsNet)  # models whose output is a CapsuleOutput
 
 
 class InferenceModel(nn.Module):
     """A trained model as a pure function of its input, for export.
 
     Input images (B, C, H, W) float in [0, 1]. Output a tuple named by
-    :func:`output_names`: (lengths (B, J), reconstructions (B, C, H, W)) for CapsNet and
-    Efficient-CapsNet, the reconstruction masked by the longest capsule; (probabilities
-    (B, J),) for the CNN.
+    :func:`output_names`: the class scores (B, J) (the registry entry's ``scores``: capsule
+    lengths, EM's activations, the CNN's probabilities), then the reconstructions
+    (B, C, H, W) of a model with a decoder, masked by the highest-scoring capsule.
     """
 
     def __init__(self, model: nn.Module):
@@ -58,29 +49,23 @@ class InferenceModel(nn.Module):
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self.model(images)
-        if isinstance(out, MatrixCapsuleOutput):
-            return (out.activations,)  # (B, J)
-        if not isinstance(out, CapsuleOutput):
-            return (torch.softmax(out, dim=-1),)  # (B, J)
-        if out.reconstructions is None:
-            return (out.lengths,)  # (B, J)
-        return out.lengths, out.reconstructions  # (B, J), (B, C, H, W)
+        scores = class_scores(out)  # (B, J)
+        if not isinstance(out, CapsuleOutput) or out.reconstructions is None:
+            return (scores,)
+        return scores, out.reconstructions  # (B, J), (B, C, H, W)
 
 
 def output_names(model: nn.Module) -> list[str]:
     """Names of the exported outputs, in order."""
-    if isinstance(model, EMCapsNet):
-        return ["activations"]
-    if not isinstance(model, CAPSULE_MODELS):
-        return ["probabilities"]
-    return ["lengths", "reconstructions"] if model.decoder is not None else ["lengths"]
+    scores = entry_of(model.config).scores
+    return [scores, "reconstructions"] if getattr(model, "decoder", None) else [scores]
 
 
 def describe(model: nn.Module) -> dict:
     """What is stored with an exported file: model name, config, the input's name, shape
     (B, C, H, W) and range, the output names, and the classes' names in output order."""
     cfg = model.config
-    return {"format": "capsnet-export", "model": model_name_of(cfg),
+    return {"format": "capsnet-export", "model": entry_of(cfg).name,
             "config": config_to_dict(cfg), "input": INPUT_NAME,
             "input_shape": [BATCH_AXIS, cfg.in_channels, cfg.image_size, cfg.image_size],
             "input_range": [0.0, 1.0], "outputs": output_names(model),
@@ -102,15 +87,13 @@ def export_model(model: nn.Module, path: str | os.PathLike, fmt: str) -> Path:
         raise ValueError(f"unknown export format {fmt!r}; choose from {list(FORMATS)}")
     model = copy.deepcopy(model).to("cpu").eval().requires_grad_(False)
     wrapper, example = InferenceModel(model), example_input(model)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad():
+    opset = entry_of(model.config).onnx_opset or ONNX_OPSET
+    with torch.no_grad(), atomic_path(path) as tmp:
         if fmt == "onnx":
-            opset = EM_ONNX_OPSET if isinstance(model, EMCapsNet) else ONNX_OPSET
-            _export_onnx(wrapper, example, path, describe(model), opset)
+            _export_onnx(wrapper, example, tmp, describe(model), opset)
         else:
-            _export_torchscript(wrapper, example, path, describe(model))
-    return path
+            _export_torchscript(wrapper, example, tmp, describe(model))
+    return Path(path)
 
 
 def _export_onnx(wrapper: InferenceModel, example: torch.Tensor, path: Path, info: dict,
@@ -147,17 +130,9 @@ def export_weights(checkpoint: str | os.PathLike, out_path: str | os.PathLike,
                    dtype: torch.dtype = torch.float16, info: dict | None = None) -> Path:
     """Write a checkpoint's model as a compact safetensors file (weights in ``dtype``),
     carrying the model name, its configuration and ``info`` (e.g. measured accuracy)."""
-    from safetensors.torch import save_file
-
     payload = load_checkpoint(checkpoint)
-    tensors = {k: v.to(dtype).contiguous() for k, v in payload["state_dict"].items()}
-    metadata = {"format": WEIGHTS_FORMAT, "model": payload["model"],
-                "config": json.dumps(payload["config"]), "info": json.dumps(info or {})}
-    out_path = Path(out_path)
-    tmp = out_path.with_name(f".{out_path.name}.tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
-    os.replace(tmp, out_path)
-    return out_path
+    return save_weights(payload["state_dict"], payload["model"], payload["config"], out_path,
+                        dtype, info)
 
 
 def export_run_weights(checkpoint: str | os.PathLike,

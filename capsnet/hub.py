@@ -1,62 +1,50 @@
-"""Models by name, as timm's ``create_model`` makes them: ``MODEL`` at the paper's sizes
-('capsnet', 'cnn', 'efficient', 'em') or ``MODEL-PRESET`` ('capsnet-small', 'em-small',
-'cnn-half', 'cnn-tiny', ...: :data:`capsnet.config.PRESETS`), with trained weights where
-:mod:`capsnet.pretrained` has them.
+"""Models by one name, as timm names them: ``list_models()`` and ``create_model(name)``.
 
-    >>> import capsnet
-    >>> model = capsnet.create_model("capsnet", pretrained=True)  # eval mode, 99.67% MNIST
-    >>> fresh = capsnet.create_model("capsnet-small", num_classes=5, image_size=32)
+    >>> from capsnet.hub import create_model, list_models
+    >>> list_models()[:4]  # ['capsnet', 'capsnet-cifar10', 'capsnet-half', 'capsnet-small']
+    >>> model = create_model("em-small", routing_iterations=2)  # fresh, options checked
+    >>> model = create_model("capsnet", pretrained=True)  # trained (capsnet.pretrained)
+
+A name is a registered model ('capsnet', 'cnn', 'efficient', 'em': the paper's sizes) or
+MODEL-PRESET for another preset ('capsnet-small', 'cnn-tiny'). This module sits above the
+registry (capsnet.models.registry) and the trained weights (capsnet.pretrained), so neither
+of those imports the other.
 """
 from __future__ import annotations
 
-import dataclasses
-
 from torch import nn
 
-from capsnet.config import MODEL_CONFIGS, PRESETS, make_config
-from capsnet.models import build_model
+from capsnet.config import ConfigError
+from capsnet.models.registry import MODELS, PAPER, build_model, make_config
 from capsnet.pretrained import load_pretrained, pretrained_names
-
-PAPER = "paper"
-SEPARATOR = "-"
-
-
-def list_models(pretrained: bool | None = None) -> list[str]:
-    """Every name :func:`create_model` takes, sorted; ``pretrained`` True: only those with
-    trained weights, False: only those without."""
-    names = [model if preset == PAPER else f"{model}{SEPARATOR}{preset}"
-             for preset, sizes in PRESETS.items() for model in sizes]
-    with_weights = set(pretrained_names())
-    if pretrained is not None:
-        names = [name for name in names if (name in with_weights) == pretrained]
-    return sorted(names)
 
 
 def split_name(name: str) -> tuple[str, str]:
-    """'cnn-half' -> ('cnn', 'half'); 'capsnet' -> ('capsnet', 'paper'). ValueError naming
-    the choices for a name :func:`list_models` does not list."""
-    if name not in list_models():
-        raise ValueError(f"unknown model {name!r}; choose from {', '.join(list_models())}")
-    model, _, preset = name.partition(SEPARATOR)
+    """'capsnet' -> ('capsnet', 'paper'); 'em-small' -> ('em', 'small')."""
+    model, _, preset = name.partition("-")
     return model, preset or PAPER
 
 
+def list_models(pretrained: bool | None = None) -> list[str]:
+    """The names :func:`create_model` takes: 'capsnet', 'cnn', 'efficient', 'em' for the
+    paper's sizes and MODEL-PRESET (e.g. 'capsnet-small', 'cnn-tiny') for the others;
+    with ``pretrained`` True only the names with trained weights (capsnet.pretrained)."""
+    if pretrained:
+        return sorted(pretrained_names())
+    return sorted(name if preset == PAPER else f"{name}-{preset}"
+                  for name, entry in MODELS.items() for preset in entry.presets)
+
+
 def create_model(name: str, pretrained: bool = False, **overrides) -> nn.Module:
-    """A model by name (:func:`list_models`). ``pretrained``: its trained weights, in eval
-    mode (:func:`capsnet.pretrained.load_pretrained`); otherwise a fresh model in training
-    mode whose config fields ``overrides`` sets (num_classes=5, image_size=64,
-    in_channels=3, routing_iterations=1, ...). An unknown field is a ValueError naming the
-    valid ones; trained weights take none."""
-    model, preset = split_name(name)
-    valid = [field.name for field in dataclasses.fields(MODEL_CONFIGS[model])]
-    unknown = sorted(set(overrides) - set(valid))
-    if unknown:
-        raise ValueError(f"unknown {model} config field(s) {', '.join(unknown)}; valid: "
-                         f"{', '.join(valid)}")
+    """A model by :func:`list_models` name: fresh, with ``overrides`` of its config
+    (checked strictly, as :func:`~capsnet.models.registry.make_config`), or with
+    ``pretrained`` True the trained one (capsnet.pretrained.load_pretrained)."""
     if pretrained:
         if overrides:
-            raise ValueError(f"trained weights fix {name!r}'s config: create_model({name!r}, "
-                             f"pretrained=True) takes no overrides, got "
-                             f"{', '.join(sorted(overrides))}")
+            raise ConfigError(f"a pretrained model takes no config overrides "
+                              f"(given: {', '.join(overrides)})")
         return load_pretrained(name)
+    model, preset = split_name(name)
+    if model not in MODELS or preset not in MODELS[model].presets:
+        raise ConfigError(f"unknown model name {name!r}; choose from {', '.join(list_models())}")
     return build_model(make_config(model, preset, **overrides))

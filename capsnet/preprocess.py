@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from capsnet.config import is_digit_model
 from capsnet.data.decode import RESAMPLE, flatten_image, image_array
 from capsnet.data.image_dataset import PIXEL_MAX
+from capsnet.data.policy import is_digit_model
 
 MNIST_SIZE = 28  # side of the output field
 FIT_SIZE = 20  # the digit's longer side after scaling
@@ -275,7 +275,7 @@ def center_crop_array(image: np.ndarray, size: int) -> np.ndarray:
 def prepare_for_model(source: ImageSource, config) -> np.ndarray:
     """An own image -> uint8 (C, H, W) as the model with ``config`` takes it.
 
-    A grey model of handwritten digits (:func:`capsnet.config.is_digit_model`) gets the
+    A grey model of handwritten digits (:func:`capsnet.data.policy.is_digit_model`) gets the
     digit made MNIST-like (:func:`prepare_image`; :func:`fit_digit` to its size); every
     other model (Fashion-MNIST, CIFAR-10, SVHN, image folders) gets the whole image
     converted to its channels and resized to its size (:func:`prepare_plain`), and a model

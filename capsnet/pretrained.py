@@ -9,7 +9,7 @@ A weights file is read from the package (``capsnet/weights/``) or, for a model n
 shipped with it, from the user cache (``$CAPSNET_CACHE_DIR/weights``, else
 ``~/.cache/capsnet/weights``); nothing is downloaded. Its SHA-256 is checked before it is
 read. The file (safetensors, ``capsnet export --format safetensors``) stores the model's
-name and config, so :func:`capsnet.loading.load_model` rebuilds the model from it alone.
+name and config, so :func:`capsnet.checkpoint.load_model` rebuilds the model from it alone.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from torch import nn
 
+from capsnet.checkpoint import WEIGHTS_DIR, load_model
 from capsnet.data.sources import default_cache_dir
-from capsnet.loading import WEIGHTS_DIR, load_model
 
 CACHE_SUBDIR = "weights"
 READ_CHUNK = 1 << 20  # bytes hashed per read

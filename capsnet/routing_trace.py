@@ -16,14 +16,12 @@ The trace follows the routing into a model's class capsules, whichever model and
   the assignments R_ij of each M-step. The convolutional capsule layers below route too;
   the trace shows the class-capsule layer's, where the classes compete.
 
-:func:`class_layer` takes each model to what the trace needs (one small function per model,
-registered by the model's class): the votes for the class capsules, the children's
-activations where the router takes them, their strengths, the router and where the children
-sit (:class:`Children`: types on a grid, receptive fields). The trace runs the model's own
-layers under ``torch.no_grad()`` in the model's compute precision, so its ``v`` and
-``scores`` are the model's outputs and its couplings the router's own
-(``Routed.couplings``); the model itself is neither changed nor slowed (training never
-calls this).
+:func:`routing_trace` runs the model's own ``forward_routing`` (the part of its forward up
+to and including the class capsules' routing, which ``forward`` itself calls) under
+``torch.no_grad()`` in the model's compute precision, so its ``v`` and ``scores`` are the
+model's outputs and its couplings the router's own (``Routed.couplings``); where the
+children sit is the model's registry entry's ``routing_view``. The model itself is neither
+changed nor slowed (training never calls this).
 
 Children are indexed as the model lays them out: CapsNet's primary capsules type-major,
 i = (type, row, column); Efficient-CapsNet's and the EM model's position-major, i = (row,
@@ -31,44 +29,17 @@ column, type). ``on_grid`` undoes either flattening to (types, G, G).
 """
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from capsnet.config import CapsNetConfig
 from capsnet.data.augment import to_model_input
-from capsnet.layers.squash import full_precision
-from capsnet.models import CapsNet, EfficientCapsNet, EMCapsNet, unwrap
-from capsnet.models.precision import autocast_to
-from capsnet.routing import Router
+from capsnet.models import entry_of, unwrap
+from capsnet.models.entry import POSITION_MAJOR, TYPE_MAJOR, Children
 
-TYPE_MAJOR, POSITION_MAJOR = "type-major", "position-major"
-
-
-@dataclass(frozen=True)
-class Children:
-    """The children of a model's class-capsule layer: ``types`` capsule types on a G x G
-    grid, flattened ``order`` (TYPE_MAJOR or POSITION_MAJOR), each grid row/column's
-    receptive-field centre in input pixels and the field's side, the layer's name and
-    what a child's strength is ('length' of a vector capsule or 'activation')."""
-
-    types: int
-    grid: int
-    order: str
-    centres: list[float]
-    field: int
-    name: str  # "primary" (CapsNet, Efficient-CapsNet) or "ConvCaps2" (EM)
-    strength: str  # "length" or "activation"
-
-    def on_grid(self, per_child: torch.Tensor) -> torch.Tensor:
-        """(..., I) over the children -> (..., types, G, G)."""
-        if self.order == TYPE_MAJOR:
-            return per_child.unflatten(-1, (self.types, self.grid, self.grid))
-        return per_child.unflatten(-1, (self.grid, self.grid, self.types)).movedim(-1, -3)
+__all__ = ["POSITION_MAJOR", "TYPE_MAJOR", "Children", "RoutingTrace", "has_routing",
+           "receptive_fields", "routing_trace"]
 
 
 @dataclass(frozen=True)
@@ -155,97 +126,21 @@ class RoutingTrace:
         return routed / total[:, None, None]  # (B, R, J)
 
 
-def stack_fields(layers: Sequence[tuple[int, int]], grid: int) -> tuple[list[float], int]:
-    """Where the cells of the last of a stack of unpadded layers ((kernel, stride), input
-    first) look in the input: the centre (input pixel coordinates, 0 = the first pixel's
-    centre) of row/column g's receptive field for every g < ``grid``, and its side."""
-    centres = []
-    for g in range(grid):
-        centre = float(g)
-        for kernel, stride in reversed(layers):
-            centre = centre * stride + (kernel - 1) / 2  # in the layer's input
-        centres.append(centre)
-    side = 1
-    for kernel, stride in reversed(layers):
-        side = (side - 1) * stride + kernel
-    return centres, side
-
-
-def receptive_fields(config: CapsNetConfig) -> tuple[list[float], int]:
-    """CapsNet's primary grid in the input: centres 8, 10, ..., 18 and 17 pixels for 28x28
-    (both at Conv1 stride 1; :func:`stack_fields` over Conv1 and PrimaryCaps)."""
-    layers = ((config.conv1_kernel, config.conv1_stride),
-              (config.primary_kernel, config.primary_stride))
-    return stack_fields(layers, config.primary_grid)
-
-
-class ClassLayer(NamedTuple):
-    """What a trace needs of a model's class-capsule layer for a batch."""
-
-    votes: torch.Tensor  # (B, J, I, D) float32
-    activations: torch.Tensor | None  # (B, I) the children's, where the router takes them
-    strengths: torch.Tensor  # (B, I) the children's lengths or activations
-    router: Router
-    children: Children
-
-
-@functools.singledispatch
-def class_layer(model: nn.Module, x: torch.Tensor) -> ClassLayer:
-    """The class-capsule layer of ``model`` for float images ``x`` (B, C, H, W) in [0, 1]:
-    one implementation per model class (registered below). Convolutions run under the
-    model's autocast, votes in float32 as in its forward."""
-    raise ValueError(f"routing needs a CapsNet (capsnet, efficient or em); this model is a "
-                     f"{type(model).__name__}")
-
-
-@class_layer.register
-def _capsnet(model: CapsNet, x: torch.Tensor) -> ClassLayer:
-    with autocast_to(x.device, model.compute_dtype):
-        h = torch.relu(model.conv1(model.input_norm(x)))  # (B, 256, 20, 20)
-        u = model.primary_caps(h)  # (B, I, 8) float32, type-major
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        u_hat = model.digit_caps.predictions(full_precision(u))  # (B, J, I, D)
-    children = Children(model.primary_caps.types, model.config.primary_grid, TYPE_MAJOR,
-                        *receptive_fields(model.config), "primary", "length")
-    return ClassLayer(u_hat, None, torch.linalg.vector_norm(u, dim=-1),
-                      model.digit_caps.router, children)
-
-
-@class_layer.register
-def _efficient(model: EfficientCapsNet, x: torch.Tensor) -> ClassLayer:
-    cfg = model.config
-    with autocast_to(x.device, model.compute_dtype):
-        u = model.primary_caps(model.features(x))  # (B, I, 8) float32, position-major
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        u_hat = model.class_caps.predictions(full_precision(u))  # (B, J, I, D)
-    layers = [*zip(cfg.conv_kernels, cfg.conv_strides, strict=True), (cfg.primary_kernel, 1)]
-    children = Children(cfg.conv_channels[-1] // cfg.primary_dim, cfg.primary_grid,
-                        POSITION_MAJOR, *stack_fields(layers, cfg.primary_grid), "primary",
-                        "length")
-    return ClassLayer(u_hat, None, torch.linalg.vector_norm(u, dim=-1),
-                      model.class_caps.router, children)
-
-
-@class_layer.register
-def _em(model: EMCapsNet, x: torch.Tensor) -> ClassLayer:
-    cfg = model.config
-    with autocast_to(x.device, model.compute_dtype):
-        h = torch.relu(model.conv1(model.input_norm(x)))  # (B, A, 12, 12)
-        poses, a = model.primary_caps(h)  # (B, 12, 12, B_types, 16), (B, 12, 12, B_types)
-        poses, a = model.conv_caps1(poses, a)  # (B, 5, 5, C, 16), (B, 5, 5, C)
-        poses, a = model.conv_caps2(poses, a)  # (B, 3, 3, D, 16), (B, 3, 3, D)
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        votes = model.class_caps.votes(full_precision(poses))  # (B, J, I, 16)
-    a = full_precision(a).flatten(1)  # (B, I) position-major
-    children = Children(cfg.caps2_types, cfg.caps2_grid, POSITION_MAJOR,
-                        *stack_fields(cfg.layers, cfg.caps2_grid), "ConvCaps2", "activation")
-    return ClassLayer(votes, a, a, model.class_caps.router, children)
+def receptive_fields(config) -> tuple[list[float], int]:
+    """Where a model's class capsules' children look in the input: each grid row/column's
+    centre in input pixels (8, 10, ..., 18 for CapsNet at 28x28) and the field's side (17)."""
+    children = entry_of(config).routing_view(config)
+    return children.centres, children.field
 
 
 def has_routing(model: nn.Module) -> bool:
-    """Whether :func:`routing_trace` can follow ``model``'s routing (a :func:`class_layer`
-    is registered for its class)."""
-    return class_layer.dispatch(type(unwrap(model))) is not class_layer.dispatch(object)
+    """Whether :func:`routing_trace` can follow ``model``'s routing (its registry entry
+    has a routing view)."""
+    config = getattr(unwrap(model), "config", None)
+    try:
+        return entry_of(config).routing_view is not None
+    except TypeError:
+        return False
 
 
 @torch.no_grad()
@@ -258,26 +153,32 @@ def routing_trace(model: nn.Module, images: torch.Tensor) -> RoutingTrace:
     for a model without routing.
     """
     model = unwrap(model)
+    if not has_routing(model):
+        raise ValueError(f"routing needs a CapsNet (capsnet, efficient or em); this model is a "
+                         f"{type(model).__name__}")
+    children = entry_of(model.config).routing_view(model.config)
     device = next(model.parameters()).device
     x = images.to(device)
     if x.dtype == torch.uint8:
         x = to_model_input(x)  # (B, C, H, W) in [0, 1]
-    layer = class_layer(model, x)
-    router = layer.router
+    step = model.forward_routing(x)
+    votes, activations, routed = step.votes, step.activations, step.routed
+    router = step.router
     with torch.autocast(device_type=device.type, enabled=False):
-        routed = router(layer.votes, layer.activations)
-        agreements = router.agreements(layer.votes, layer.activations)  # R x (B, J, I), or None
-    norms = torch.linalg.vector_norm(layer.votes, dim=-1).float()  # (B, J, I)
-    weights = norms if layer.activations is None else layer.activations[:, None].expand_as(norms)
+        agreements = router.agreements(votes, activations)  # R x (B, J, I), or None
+    norms = torch.linalg.vector_norm(votes, dim=-1).float()  # (B, J, I)
+    weights = norms if activations is None else activations[:, None].expand_as(norms)
+    strengths = (torch.linalg.vector_norm(step.children, dim=-1)
+                 if children.strength == "length" else step.children)  # (B, I)
     return RoutingTrace(
         couplings=torch.stack(routed.couplings, dim=1).float(),  # (B, R, J, I)
         agreements=None if agreements is None else torch.stack(agreements, dim=1).float(),
         v=routed.poses,  # (B, J, D)
         scores=routed.activations,  # (B, J)
-        strengths=layer.strengths.float(),  # (B, I)
+        strengths=strengths.float(),  # (B, I)
         u_hat_norms=norms,
         vote_weights=weights.float(),
-        children=layer.children,
+        children=children,
         routing=router.name,
         coupling_symbol=router.coupling_symbol,
         coupling_meaning=router.coupling_meaning,

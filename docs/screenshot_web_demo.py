@@ -13,7 +13,7 @@ import threading
 
 from playwright.sync_api import expect, sync_playwright
 
-from capsnet.loading import load_model
+from capsnet.checkpoint import load_model
 from capsnet.web import create_app, make_server
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -9,8 +9,7 @@ import torch
 
 from benchmarks import bench
 from benchmarks.broadcast_reference import BroadcastCapsNet
-from capsnet.config import CapsNetConfig
-from capsnet.models import CapsNet
+from capsnet.models import CapsNet, CapsNetConfig
 
 
 @pytest.mark.slow

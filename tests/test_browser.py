@@ -15,7 +15,7 @@ import pytest
 import torch
 from image_files import COLOUR_CLASSES, colour_bar_png, train_colour_model
 
-from capsnet.loading import load_model
+from capsnet.checkpoint import load_model
 from capsnet.web import create_app, make_server
 
 CHROMIUM = Path(os.environ.get("CAPSNET_CHROMIUM", "/usr/bin/chromium"))
@@ -192,8 +192,7 @@ def test_colour_model_upload_shows_class_names(colour_page):
 
 @pytest.fixture(scope="module")
 def efficient_url():
-    from capsnet.config import make_config
-    from capsnet.models import build_model
+    from capsnet.models import build_model, make_config
 
     torch.manual_seed(0)
     yield from serve(build_model(make_config("efficient", "small")).eval())

@@ -7,17 +7,17 @@ import pytest
 import torch
 from torch import nn
 
-import capsnet.loading as loading
-from capsnet.config import make_config
-from capsnet.loading import (
+import capsnet.checkpoint as loading
+from capsnet.checkpoint import (
     CHECKPOINT_VERSION,
     CheckpointError,
+    atomic_copy,
+    atomic_torch_save,
     load_checkpoint,
     model_from_checkpoint,
+    save_checkpoint,
 )
-from capsnet.models import build_model
-from capsnet.training import checkpoint as ckpt
-from capsnet.training.checkpoint import atomic_copy, atomic_torch_save, save_checkpoint
+from capsnet.models import build_model, make_config
 
 
 def small(name: str = "capsnet", **overrides) -> nn.Module:
@@ -88,7 +88,7 @@ def test_interrupted_write_keeps_the_old_file(tmp_path, saved, monkeypatch):
         f.write(b"half a checkpoint")
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt.torch, "save", broken_save)
+    monkeypatch.setattr(loading.torch, "save", broken_save)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(path, model, epoch=9)
     monkeypatch.undo()
@@ -114,7 +114,7 @@ def test_atomic_copy_gives_the_same_bytes_and_an_interrupted_copy_keeps_the_old_
         dst.write(src.read(10))
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt.shutil, "copyfileobj", broken_copy)
+    monkeypatch.setattr(loading.shutil, "copyfileobj", broken_copy)
     with pytest.raises(OSError, match="disk full"):
         atomic_copy(source, target)
     monkeypatch.undo()

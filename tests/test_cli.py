@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from capsnet.checkpoint import load_checkpoint, model_from_checkpoint
 from capsnet.cli.main import main
-from capsnet.loading import load_checkpoint, model_from_checkpoint
 from capsnet.training import loop
 
 VAL_SIZE = 100
@@ -178,6 +178,24 @@ def test_missing_data_is_a_one_line_error_naming_the_files(command, full_run, tm
     err = error_line(capsys)
     assert "train-images-idx3-ubyte" in err and "t10k-labels-idx1-ubyte" in err
     assert str(empty) in err and "download disabled" in err
+
+
+@pytest.mark.parametrize("options, match", [
+    (["--model", "efficient", "--routing", "inverted-attention"],
+     "unknown option 'routing' for efficient; choose from image_size, "),
+    (["--routing", "self-attention", "--routing-iterations", "2"],
+     "self-attention routing takes no routing_iterations; it is an option of dynamic, "),
+    (["--model", "cnn", "--input-norm", "image"], "unknown option 'input_norm' for cnn"),
+    (["--model", "em", "--preset", "half"], "unknown preset 'half' for em; choose from paper"),
+])
+def test_a_model_option_the_model_cannot_honour_is_a_usage_error_before_any_training(
+        options, match, tmp_path, capsys):
+    """Exit status 2 (as argparse's own errors), one line, no run directory; the options
+    the user did not give (every model's defaults) never trip the check."""
+    run = tmp_path / "run"
+    assert main(["train", *options, "--data-dir", str(tmp_path / "none"), "--no-download",
+                 "--out-dir", str(run)]) == 2
+    assert match in error_line(capsys) and not run.exists()
 
 
 def test_bad_checkpoint_is_a_one_line_error(tiny_mnist_dir, tmp_path, capsys):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from capsnet.checkpoint import load_checkpoint
 from capsnet.cli.main import main
-from capsnet.loading import load_checkpoint
 from capsnet.training import TrainSettings, fit
 from capsnet.training import distributed as D
 from capsnet.training.distributed import World

@@ -13,20 +13,21 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from capsnet.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from capsnet.cli.main import main
-from capsnet.config import (
-    EfficientCapsNetConfig,
-    config_from_dict,
-    config_to_dict,
-    conv_output_size,
-    make_config,
-)
+from capsnet.config import config_to_dict, conv_output_size
 from capsnet.layers.exp_squash import exp_squash
-from capsnet.loading import load_checkpoint, model_from_checkpoint
 from capsnet.losses import model_loss
-from capsnet.models import EfficientCapsNet, build_model, count_parameters, model_name_of
+from capsnet.models import (
+    EfficientCapsNet,
+    EfficientCapsNetConfig,
+    build_model,
+    config_from_dict,
+    count_parameters,
+    make_config,
+    model_name_of,
+)
 from capsnet.routing import ROUTERS, SelfAttentionRouter, router_class
-from capsnet.training.checkpoint import save_checkpoint
 from capsnet.tuning.memory import estimate_training_memory
 from tests.helpers_routing import self_attention_reference
 
@@ -87,10 +88,13 @@ def test_config_errors_and_round_trip():
         EfficientCapsNetConfig(primary_dim=12)
     with pytest.raises(ValueError, match="differ in length"):
         EfficientCapsNetConfig(conv_kernels=(5, 3))
-    with pytest.raises(ValueError, match="no efficient sizes"):
+    with pytest.raises(ValueError, match="unknown preset 'half' for efficient; choose from paper"):
         make_config("efficient", "half")
     cfg = make_config("efficient", "small", image_size=32, in_channels=3, num_classes=3,
-                      class_names=("a", "b", "c"), routing_iterations=7, input_norm="image")
+                      class_names=("a", "b", "c"))
+    with pytest.raises(ValueError, match="unknown option 'input_norm', 'routing_iterations' for "
+                                         "efficient; choose from image_size"):
+        make_config("efficient", routing_iterations=7, input_norm="image")
     assert config_from_dict("efficient", json.loads(json.dumps(config_to_dict(cfg)))) == cfg
     assert model_name_of(cfg) == "efficient"
     assert isinstance(build_model(cfg), EfficientCapsNet)
@@ -263,9 +267,10 @@ def test_the_memory_estimate_is_within_25_percent_of_the_measured_peak(preset, p
 def test_the_learning_rate_default_is_efficient_capsnets_own():
     from capsnet.cli.args import settings_from_args
     from capsnet.cli.main import build_parser
-    from capsnet.training.settings import EFFICIENT_LR, TrainSettings
+    from capsnet.models import MODELS
+    from capsnet.training.settings import TrainSettings
 
-    assert EFFICIENT_LR == 5e-4  # config.json "lr" of the public code
+    assert MODELS["efficient"].lr == 5e-4  # config.json "lr" of the public code
     assert TrainSettings(model="efficient").lr == 5e-4
     args = build_parser().parse_args(["train", "--model", "efficient"])
     assert settings_from_args(args).lr == 5e-4
@@ -386,8 +391,7 @@ def test_conv_output_size_agrees_with_the_primary_grid():
 
 
 def test_the_paper_capsnet_routes_by_self_attention_when_asked():
-    from capsnet.config import make_config
-    from capsnet.models import build_model
+    from capsnet.models import build_model, make_config
     model = build_model(make_config("capsnet", "small", routing="self-attention"))
     router = model.digit_caps.router
     assert router.name == "self-attention"

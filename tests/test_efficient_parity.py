@@ -15,9 +15,8 @@ import pytest
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from capsnet.config import make_config
 from capsnet.losses import capsule_loss
-from capsnet.models import CapsuleOutput, EfficientCapsNet
+from capsnet.models import CapsuleOutput, EfficientCapsNet, make_config
 from capsnet.models.efficient_capsnet import BN_EPS
 
 EPS = 10e-21  # utils/layers.py:72, Squash.__init__(self, eps=10e-21)

@@ -11,8 +11,9 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from capsnet.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from capsnet.cli.main import main
-from capsnet.config import EMCapsNetConfig, config_from_dict, config_to_dict, make_config
+from capsnet.config import config_to_dict
 from capsnet.layers.matrix_caps import (
     COLUMN_SLOT,
     POSE_SIDE,
@@ -21,25 +22,29 @@ from capsnet.layers.matrix_caps import (
     ConvMatrixCaps,
     window_children,
 )
-from capsnet.loading import load_checkpoint, model_from_checkpoint
 from capsnet.losses import model_loss, spread_loss, spread_margin
 from capsnet.models import (
+    MODELS,
     EMCapsNet,
+    EMCapsNetConfig,
     MatrixCapsuleOutput,
     build_model,
     class_scores,
+    config_from_dict,
     count_parameters,
+    make_config,
     model_name_of,
 )
 from capsnet.models.em_capsnet import PRIMARY_POSE_RMS
 from capsnet.training import loop
-from capsnet.training.checkpoint import save_checkpoint
 from capsnet.training.fit import ClassifyTask
 from capsnet.training.optimisation import build_training, initialise_from_data
-from capsnet.training.recipes import EM_FAST_RECIPE, FAST_RECIPE, recipe_for
-from capsnet.training.settings import EM_LR, TrainSettings
+from capsnet.training.recipes import FAST_RECIPE
+from capsnet.training.settings import TrainSettings
 from capsnet.tuning import choose_plan
 from capsnet.tuning.memory import estimate_training_memory
+
+EM_LR = MODELS["em"].lr
 
 # Narrow layers with the paper's structure: a forward and backward pass in well under a second.
 TINY = EMCapsNetConfig(conv1_channels=8, primary_types=4, caps1_types=4, caps2_types=4)
@@ -140,7 +145,7 @@ def test_paper_and_small_sizes_and_their_parameter_counts():
             small.caps2_types) == (64, 8, 16, 16)
     assert count_parameters(build_model(paper)) == expected_parameters(32, 32, 32, 32) == 318_964
     assert count_parameters(build_model(small)) == expected_parameters(64, 8, 16, 16) == 68_444
-    with pytest.raises(ValueError, match="no em sizes"):
+    with pytest.raises(ValueError, match="unknown preset 'cifar10' for em; choose from paper"):
         make_config("em", "cifar10")
 
 
@@ -305,9 +310,8 @@ def test_speed_plan_tunes_the_two_convolutions():
 def test_default_learning_rate_is_the_authors():
     assert EM_LR == 3e-3
     assert TrainSettings(model="em").lr == EM_LR
-    # the fast recipe peaks at EM's own rate, not 3x it (recipes.EM_FAST_RECIPE says why)
+    # the fast recipe peaks at EM's own rate, not 3x it (em_capsnet.ENTRY.recipes says why)
     fast = TrainSettings(model="em", recipe="fast")
-    assert recipe_for("fast", "em") is EM_FAST_RECIPE
     assert fast.lr == pytest.approx(EM_LR)
     assert (fast.epochs, fast.schedule, fast.warmup_epochs, fast.min_lr, fast.ema_decay) == (
         FAST_RECIPE.epochs, "cosine", FAST_RECIPE.warmup_epochs, FAST_RECIPE.min_lr,

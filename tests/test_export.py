@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from capsnet.checkpoint import model_from_checkpoint
 from capsnet.cli.main import main
-from capsnet.config import make_config
 from capsnet.export import describe, export_model, read_description
-from capsnet.loading import model_from_checkpoint
-from capsnet.models import build_model
+from capsnet.models import build_model, make_config
 
 # torch 2.13 marks torch.jit.load deprecated; TorchScript export is still asked for.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")

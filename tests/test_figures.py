@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
+from capsnet.checkpoint import save_checkpoint
 from capsnet.cli.main import main
-from capsnet.config import make_config
 from capsnet.figures import (
     curve_series,
     manipulation_figure,
@@ -17,8 +17,7 @@ from capsnet.figures import (
     reconstruction_figure,
     training_curves_figure,
 )
-from capsnet.models import build_model
-from capsnet.training.checkpoint import save_checkpoint
+from capsnet.models import build_model, make_config
 
 METRICS = [
     {"epoch": 1, "lr": 0.001, "train_loss": 0.5, "train_accuracy": 0.80, "val_loss": 0.3,

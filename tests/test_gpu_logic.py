@@ -8,9 +8,8 @@ import pytest
 import torch
 
 import capsnet.tuning.plan as plan_module
-from capsnet.config import CapsNetConfig
 from capsnet.devices import backend_flags, check_cuda_device
-from capsnet.models import CapsNet
+from capsnet.models import CapsNet, CapsNetConfig
 from capsnet.training.distributed import cuda_index_for
 from capsnet.tuning import choose_plan
 from capsnet.tuning.hardware import describe_machine, native_low_precisions

@@ -1,65 +1,40 @@
-"""create_model / list_models: every listed name builds, overrides are checked, trained
-weights come in eval mode."""
+"""Models by one name: list_models and create_model read the registry (and the trained
+weights for pretrained=True)."""
+from __future__ import annotations
+
 import pytest
 import torch
 
-from capsnet import CapsNet, CNNBaseline, EMCapsNet, create_model, list_models
-from capsnet.config import PRESETS
-from capsnet.pretrained import pretrained_names
+from capsnet.config import ConfigError
+from capsnet.hub import create_model, list_models
+from capsnet.models import CapsNet, CNNBaseline, EMCapsNet, make_config
 
 
-def test_list_models_names_each_model_and_preset():
+def test_list_models_names_every_preset_of_every_model():
     names = list_models()
-    for expected in ("capsnet", "cnn", "efficient", "em", "capsnet-small", "em-small",
-                     "cnn-half", "cnn-tiny", "efficient-small"):
-        assert expected in names
-    assert "capsnet-paper" not in names  # the paper's sizes are the plain name
-    assert len(names) == sum(len(sizes) for sizes in PRESETS.values())
+    assert {"capsnet", "cnn", "efficient", "em", "capsnet-small", "em-small", "cnn-half",
+            "cnn-tiny", "capsnet-cifar10", "capsnet-svhn"} <= set(names)
+    assert "capsnet-paper" not in names and "em-half" not in names
+    assert names == sorted(names) and len(names) == len(set(names))
 
 
-def test_list_models_by_weights():
-    assert list_models(pretrained=True) == sorted(pretrained_names())
-    assert set(list_models(pretrained=False)) == set(list_models()) - set(pretrained_names())
+def test_create_model_builds_the_preset_with_checked_overrides():
+    model = create_model("em-small", routing_iterations=2)
+    assert isinstance(model, EMCapsNet)
+    assert model.config == make_config("em", "small", routing_iterations=2)
+    assert isinstance(create_model("cnn-tiny"), CNNBaseline)
+    with pytest.raises(ConfigError, match="unknown option 'num_clases' for capsnet"):
+        create_model("capsnet-small", num_clases=5)
+    with pytest.raises(ConfigError, match="unknown model name 'em-half'; choose from capsnet, "):
+        create_model("em-half")
 
 
-@pytest.mark.parametrize("name, cls, expected", [
-    ("capsnet-small", CapsNet, {"conv1_channels": 32, "primary_types": 8}),
-    ("cnn-tiny", CNNBaseline, {"pool": 2, "conv_channels": (16, 32)}),
-    ("em-small", EMCapsNet, {"caps1_types": 16}),
-])
-def test_create_model_builds_the_preset(name, cls, expected):
-    model = create_model(name)
-    assert type(model) is cls and model.training
-    for field, value in expected.items():
-        assert getattr(model.config, field) == value
-
-
-def test_create_model_overrides_reach_the_config_and_the_forward():
-    model = create_model("capsnet-small", num_classes=5, in_channels=3, image_size=32)
-    out = model(torch.rand(2, 3, 32, 32))
-    assert out.lengths.shape == (2, 5) and out.reconstructions.shape == (2, 3, 32, 32)
-
-
-def test_an_unknown_override_names_the_valid_fields():
-    with pytest.raises(ValueError, match=r"unknown capsnet config field\(s\) num_class; valid: "
-                                         r"image_size, in_channels, num_classes"):
-        create_model("capsnet", num_class=5)
-
-
-def test_an_unknown_name_lists_the_models():
-    with pytest.raises(ValueError, match=r"unknown model 'capsnet-huge'; choose from "
-                                         r"capsnet, capsnet-cifar10"):
-        create_model("capsnet-huge")
-
-
-def test_pretrained_comes_in_eval_mode_and_takes_no_overrides():
+def test_pretrained_capsnet_is_the_shipped_model():
+    assert "capsnet" in list_models(pretrained=True)
     model = create_model("capsnet", pretrained=True)
     assert isinstance(model, CapsNet) and not model.training
-    with pytest.raises(ValueError, match="takes no overrides, got num_classes"):
-        create_model("capsnet", pretrained=True, num_classes=5)
-
-
-def test_pretrained_without_weights_lists_those_that_have_them():
-    name = list_models(pretrained=False)[0]
-    with pytest.raises(ValueError, match=f"no pretrained weights named '{name}'; choose from"):
-        create_model(name, pretrained=True)
+    assert model.conv1.weight.dtype == torch.float32
+    with pytest.raises(ConfigError, match="takes no config overrides"):
+        create_model("capsnet", pretrained=True, routing="dynamic")
+    with pytest.raises(ValueError, match="no pretrained model 'cnn-tiny'; choose from capsnet"):
+        create_model("cnn-tiny", pretrained=True)

@@ -8,8 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from capsnet.data.idx import IDXError, read_idx
-from tests.helpers import write_idx
+from capsnet.data.idx import IDXError, read_idx, write_idx
 
 UINT8_CODE = 0x08
 SMALL_LIMIT = 1 << 20  # bytes: far below any absurd header claim

@@ -10,7 +10,8 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-import capsnet.loading
+import capsnet.checkpoint
+from capsnet.checkpoint import CheckpointError, load_model
 from capsnet.cli.main import main
 from capsnet.data.augment import to_model_input
 from capsnet.inference import (
@@ -26,7 +27,6 @@ from capsnet.inference import (
     run_model,
     to_uint8,
 )
-from capsnet.loading import CheckpointError, load_model
 from capsnet.preprocess import PreprocessError, prepare_image
 from tests.helpers import perturb_capsule
 
@@ -102,7 +102,7 @@ def test_predict_names_the_bad_image(model, image_files, tmp_path):
 
 
 def test_default_model_missing_is_a_clear_error(monkeypatch, tmp_path, image_files):
-    monkeypatch.setattr(capsnet.loading, "DEFAULT_WEIGHTS", tmp_path / "none.safetensors")
+    monkeypatch.setattr(capsnet.checkpoint, "DEFAULT_WEIGHTS", tmp_path / "none.safetensors")
     with pytest.raises(CheckpointError, match="no trained model ships"):
         predict(image_files / "shape0.png")
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from capsnet.config import CapsNetConfig, conv1_stride_for, input_norm_for, make_config
+from capsnet.data.policy import conv1_stride_for, input_norm_for
 from capsnet.layers.input_norm import InputNorm, standardise_images
-from capsnet.models import build_model
+from capsnet.models import CapsNetConfig, build_model, make_config
 from capsnet.training import TrainSettings, fit
 from capsnet.training.settings import DEFAULT_VAL_SIZE, validation_size
 

@@ -4,10 +4,10 @@ import json
 import pytest
 import torch
 
-from capsnet import loading
+from capsnet import checkpoint as loading
+from capsnet.checkpoint import CheckpointError, load_model, model_from_checkpoint, weights_info
 from capsnet.cli.main import main
 from capsnet.export import export_weights
-from capsnet.loading import CheckpointError, load_model, model_from_checkpoint, weights_info
 
 
 def test_weights_round_trip_matches_checkpoint(small_checkpoint, tmp_path):

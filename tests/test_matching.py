@@ -6,12 +6,10 @@ import csv
 
 import pytest
 
+from capsnet.checkpoint import CheckpointError, save_checkpoint
 from capsnet.cli.main import main
-from capsnet.config import make_config
 from capsnet.experiments.matching import common_level, kept_checkpoints, matched_checkpoints
-from capsnet.loading import CheckpointError
-from capsnet.models import build_model
-from capsnet.training.checkpoint import save_checkpoint
+from capsnet.models import build_model, make_config
 
 
 def fake_run(run_dir, kept: dict[str, tuple[int, float]]):

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from benchmarks.memory_check import measured_peak
+from capsnet.checkpoint import load_checkpoint
 from capsnet.cli.main import main
-from capsnet.config import make_config
-from capsnet.loading import load_checkpoint
+from capsnet.models import make_config
 from capsnet.tuning.memory import (
     GIB,
     MemoryEstimate,

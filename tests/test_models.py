@@ -3,19 +3,24 @@ gradient flow, extreme inputs, decoder masking."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
 
-from capsnet.config import CapsNetConfig, CNNConfig, config_from_dict, config_to_dict, make_config
+from capsnet.config import ConfigError, config_to_dict
 from capsnet.losses import model_loss
 from capsnet.models import (
     CapsNet,
+    CapsNetConfig,
     CapsuleOutput,
     CNNBaseline,
+    CNNConfig,
     build_model,
     class_scores,
+    config_from_dict,
     count_parameters,
+    make_config,
     model_name_of,
 )
 
@@ -56,16 +61,45 @@ def test_num_primary_caps_agrees_with_the_convolutions():
 def test_make_config_presets_and_errors():
     assert make_config("capsnet") == CapsNetConfig()
     assert make_config("cnn") == CNNConfig()
-    small = make_config("capsnet", "small", routing_iterations=1, not_a_field=3)
+    small = make_config("capsnet", "small", routing_iterations=1)
     assert small.conv1_channels < CapsNetConfig().conv1_channels and small.routing_iterations == 1
-    with pytest.raises(ValueError, match="unknown model"):
+    with pytest.raises(ValueError, match="unknown model 'resnet'; choose from capsnet, cnn"):
         make_config("resnet")
-    with pytest.raises(ValueError, match="unknown preset"):
+    with pytest.raises(ValueError, match="unknown preset 'huge' for capsnet; choose from paper"):
         make_config("capsnet", "huge")
+    with pytest.raises(ValueError, match="unknown preset 'half' for em; choose from paper, small"):
+        make_config("em", "half")
     with pytest.raises(ValueError, match="too small"):
         make_config("capsnet", image_size=12)
     with pytest.raises(ValueError, match="routing_iterations"):
         make_config("capsnet", routing_iterations=0)
+
+
+@pytest.mark.parametrize("model, options, match", [
+    ("capsnet", {"num_clases": 5},
+     "unknown option 'num_clases' for capsnet; choose from image_size, in_channels, num_classes"),
+    ("efficient", {"routing": "inverted-attention"}, "unknown option 'routing' for efficient"),
+    ("em", {"routing": "dynamic"}, "unknown option 'routing' for em"),
+    ("cnn", {"input_norm": "image"}, "unknown option 'input_norm' for cnn"),
+    ("capsnet", {"routing": "em"}, "unknown routing 'em' for capsnet; choose from dynamic, "),
+    ("capsnet", {"routing": "self-attention", "routing_iterations": 2},
+     "self-attention routing takes no routing_iterations; it is an option of dynamic, "
+     "inverted-attention routing"),
+    ("capsnet", {"routing": "inverted-attention", "none_of_the_above": True},
+     "inverted-attention routing takes no none_of_the_above; it is an option of dynamic"),
+])
+def test_an_option_the_model_cannot_honour_is_one_error_naming_the_choices(model, options,
+                                                                            match):
+    with pytest.raises(ConfigError, match=re.escape(match)) as caught:
+        make_config(model, **options)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_preset_value_is_no_option_given():
+    """The cifar10 preset's none-of-the-above category is the preset's, not the caller's:
+    another router drops it without complaint only because the caller did not ask for it."""
+    config = make_config("capsnet", "cifar10", routing="inverted-attention")
+    assert config.routing == "inverted-attention" and config.none_of_the_above
 
 
 @pytest.mark.parametrize("name", ["capsnet", "cnn"])
@@ -230,3 +264,16 @@ def test_reconstruction_uses_the_label_when_given_else_the_longest_capsule():
         poses[torch.arange(3), other] += 0.5
         torch.testing.assert_close(model.decoder(poses, predicted), free.reconstructions,
                                    rtol=0, atol=0)
+
+
+def test_run_settings_check_the_options_they_name_not_the_sizes_the_data_decides():
+    """A stride too large for the preset's 28x28 default may suit the run's images: the
+    settings check which options the model takes; the sizes are checked at the data's size."""
+    from capsnet.training.settings import TrainSettings
+
+    assert TrainSettings(conv1_stride=3).model_options() == {"conv1_stride": 3}
+    assert TrainSettings(model="em").model_options() == {}  # the defaults name nothing
+    with pytest.raises(ConfigError, match="unknown option 'conv1_stride' for cnn"):
+        TrainSettings(model="cnn", conv1_stride=3)
+    with pytest.raises(ConfigError, match="self-attention routing takes no routing_iterations"):
+        TrainSettings(routing="self-attention", routing_iterations=2)

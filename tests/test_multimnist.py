@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from capsnet.checkpoint import model_from_checkpoint
 from capsnet.cli.main import main
-from capsnet.config import make_config
 from capsnet.experiments.multimnist import (
     canvas_size,
     make_pairs,
@@ -24,9 +24,8 @@ from capsnet.experiments.multimnist_training import (
     reconstruct_pairs,
     train_pairs_epoch,
 )
-from capsnet.loading import model_from_checkpoint
 from capsnet.losses import margin_loss, reconstruction_loss
-from capsnet.models import build_model
+from capsnet.models import build_model, make_config
 
 TINY = dict(conv1_channels=8, primary_types=4, decoder_hidden=(16, 32))  # fast unit tests
 
@@ -165,7 +164,7 @@ def test_multimnist_cli_train_evaluate_figure(tiny_mnist_dir, tmp_path, capsys):
 
 
 def test_multimnist_cli_refuses_a_cnn(tiny_mnist_dir, tmp_path, capsys):
-    from capsnet.training.checkpoint import save_checkpoint
+    from capsnet.checkpoint import save_checkpoint
 
     path = tmp_path / "cnn.pt"
     save_checkpoint(path, build_model(make_config("cnn", "small", image_size=36)))

@@ -11,15 +11,15 @@ import pytest
 import torch
 from PIL import Image
 
+from capsnet.checkpoint import load_checkpoint, load_model, weights_info
 from capsnet.cli.main import main
-from capsnet.config import CapsNetConfig, make_config
 from capsnet.data import cifar
 from capsnet.data.decode import decode_image_file
 from capsnet.data.image_dataset import ImageDataset
 from capsnet.data.model_view import fit_to_model, load_test_set
 from capsnet.export import read_description
 from capsnet.inference import predict
-from capsnet.loading import load_checkpoint, load_model, weights_info
+from capsnet.models import CapsNetConfig, make_config
 from tests.conftest import last_error_line
 
 # torch 2.13 marks torch.jit.load deprecated; TorchScript export is still asked for.

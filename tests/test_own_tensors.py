@@ -11,8 +11,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
 from capsnet import ImageDataset, TrainSettings, fit
+from capsnet.checkpoint import load_checkpoint
 from capsnet.data.image_dataset import as_image_dataset
-from capsnet.loading import load_checkpoint
 from capsnet.training.fit import own_datasets
 from tests.conftest import make_fake_digits
 

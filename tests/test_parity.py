@@ -3,9 +3,8 @@ import pytest
 import torch
 
 from benchmarks.naive_reference import NaiveCapsNet
-from capsnet.config import CapsNetConfig
 from capsnet.losses import capsule_loss
-from capsnet.models import CapsNet
+from capsnet.models import CapsNet, CapsNetConfig
 
 
 def copy_naive_weights(naive: NaiveCapsNet, model: CapsNet) -> None:

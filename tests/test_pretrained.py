@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from capsnet import create_model
+from capsnet.checkpoint import load_model, weights_info
 from capsnet.data.datasets import load_split
-from capsnet.loading import load_model, weights_info
 from capsnet.pretrained import (
     PRETRAINED,
     Pretrained,

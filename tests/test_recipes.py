@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from capsnet.checkpoint import load_checkpoint, model_from_checkpoint
 from capsnet.cli.args import settings_from_args
 from capsnet.cli.main import build_parser, main
 from capsnet.export import export_weights
-from capsnet.loading import load_checkpoint, model_from_checkpoint
 from capsnet.training import TrainSettings, fit
 from capsnet.training.fit import prepare_data
 from capsnet.training.loop import evaluate

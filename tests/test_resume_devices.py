@@ -10,11 +10,10 @@ import pytest
 import torch
 import torch.serialization
 
+from capsnet.checkpoint import CheckpointError, load_checkpoint, load_model
 from capsnet.cli.main import main
-from capsnet.config import make_config
 from capsnet.experiments.matching import kept_checkpoints
-from capsnet.loading import CheckpointError, load_checkpoint, load_model
-from capsnet.models import build_model
+from capsnet.models import build_model, make_config
 from capsnet.training import TrainSettings, fit
 from capsnet.training import runner as runner_module
 from capsnet.training.loop import backward_and_step

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
+from capsnet.checkpoint import model_from_checkpoint, save_checkpoint
 from capsnet.cli.main import main
-from capsnet.config import make_config
 from capsnet.experiments.affnist import compare, evaluation_sets
 from capsnet.experiments.robustness import (
     NamedModel,
@@ -19,10 +19,8 @@ from capsnet.experiments.robustness import (
     markdown_table,
     rotation_rows,
 )
-from capsnet.loading import model_from_checkpoint
-from capsnet.models import build_model
+from capsnet.models import build_model, make_config
 from capsnet.training import TrainSettings, fit
-from capsnet.training.checkpoint import save_checkpoint
 from capsnet.training.loop import evaluate
 
 

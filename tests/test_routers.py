@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capsnet.config import CapsNetConfig
 from capsnet.layers import DigitCaps
+from capsnet.models import CapsNet, CapsNetConfig, make_config
 from capsnet.routing import ROUTERS, DynamicRouter, InvertedAttentionRouter, router_class
 from tests.helpers_routing import assert_routed_close, inverted_attention_reference
 
@@ -54,8 +54,10 @@ def test_the_routers_are_registered_by_name():
     assert router_class("inverted-attention") is InvertedAttentionRouter
     with pytest.raises(ValueError, match="unknown routing 'em-ish'; choose from .*dynamic"):
         router_class("em-ish")
-    with pytest.raises(ValueError, match="unknown routing"):
-        CapsNetConfig(routing="em-ish")
+    with pytest.raises(ValueError, match="unknown routing 'em-ish' for capsnet; choose from"):
+        make_config("capsnet", routing="em-ish")
+    with pytest.raises(ValueError, match="unknown routing 'em-ish'"):  # a config made directly
+        CapsNet(CapsNetConfig(routing="em-ish"))
 
 
 @pytest.mark.parametrize("name", ["dynamic", "inverted-attention"])

@@ -10,17 +10,30 @@ import json
 import pytest
 import torch
 
+from capsnet.checkpoint import (
+    DEFAULT_WEIGHTS,
+    load_checkpoint,
+    load_model,
+    model_from_checkpoint,
+    save_checkpoint,
+)
 from capsnet.cli.main import main
-from capsnet.config import CapsNetConfig, config_from_dict, config_to_dict, make_config
+from capsnet.config import config_to_dict
 from capsnet.data.datasets import load_split
 from capsnet.export import export_weights
 from capsnet.layers import full_precision
-from capsnet.loading import DEFAULT_WEIGHTS, load_checkpoint, load_model, model_from_checkpoint
 from capsnet.losses import capsule_loss
-from capsnet.models import CapsNet, CapsuleOutput, build_model, count_parameters
+from capsnet.models import (
+    CapsNet,
+    CapsNetConfig,
+    CapsuleOutput,
+    build_model,
+    config_from_dict,
+    count_parameters,
+    make_config,
+)
 from capsnet.routing import DynamicRouter, InvertedAttentionRouter, Router, capsnet_routers
 from capsnet.routing_trace import routing_trace
-from capsnet.training.checkpoint import save_checkpoint
 from tests.helpers_routing import reference_routing
 
 PAPER_PARAMETERS = 8_215_568
@@ -126,7 +139,8 @@ def test_routing_round_trips_and_configs_without_it_are_dynamic():
     assert config_from_dict("capsnet", values) == config
     del values["routing"]  # a config written before the field existed
     assert config_from_dict("capsnet", values).routing == "dynamic"
-    assert "routing" not in config_to_dict(make_config("cnn", "small", routing="dynamic"))
+    with pytest.raises(ValueError, match="unknown option 'routing' for cnn"):
+        make_config("cnn", "small", routing="dynamic")
 
 
 def small_idpa(seed: int = 0) -> CapsNet:

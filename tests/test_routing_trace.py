@@ -6,12 +6,11 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from capsnet.checkpoint import save_checkpoint
 from capsnet.cli.main import main
-from capsnet.config import make_config
 from capsnet.figures import routing_figure, routing_types_figure
-from capsnet.models import build_model, class_scores
+from capsnet.models import build_model, class_scores, make_config
 from capsnet.routing_trace import receptive_fields, routing_trace
-from capsnet.training.checkpoint import save_checkpoint
 from tests.conftest import last_error_line
 
 B = 3  # images per batch: a few are enough

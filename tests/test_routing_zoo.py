@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import routing_zoo as zoo
 from benchmarks import sweep
-from capsnet.loading import model_from_checkpoint
+from capsnet.checkpoint import model_from_checkpoint
 from capsnet.models import count_parameters
 
 COLUMNS = ("| variant | routing | test acc | best val (epoch) | epochs (min) | train img/s | "
@@ -95,7 +95,7 @@ def test_every_row_follows_one_protocol(tmp_path):
     em3 = sweep.run_settings(zoo.STUDY, args, "mnist", "em-3")[0]
     assert (em3.model, em3.routing_iterations, em3.compile, em3.target_accuracy) == (
         "em", 3, True, 0.99)
-    assert runs["capsnet"].routing_iterations == 3  # CapsNet keeps its default
+    assert runs["capsnet"].routing_iterations is None  # CapsNet keeps its preset's (3)
     assert runs["efficient"].augment == "efficient"  # its own recipe otherwise
     fashion = sweep.run_settings(zoo.STUDY, args, "fashion-mnist", "cnn")[0]
     assert (fashion.dataset, fashion.data_dir, fashion.target_accuracy) == ("fashion-mnist",

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from capsnet.checkpoint import DEFAULT_WEIGHTS, load_model, weights_info
 from capsnet.data.datasets import load_split
-from capsnet.loading import DEFAULT_WEIGHTS, load_model, weights_info
 from capsnet.training.loop import evaluate
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import own_data_study, sweep
 from benchmarks import time_to_accuracy as tta
-from capsnet.loading import load_checkpoint
+from capsnet.checkpoint import load_checkpoint
 from capsnet.training.metrics_log import read_metrics
 
 CHANCE = 0.1  # ten classes

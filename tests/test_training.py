@@ -10,10 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from capsnet.config import make_config
+from capsnet.checkpoint import load_checkpoint
 from capsnet.data.datasets import load_dataset
-from capsnet.loading import load_checkpoint
-from capsnet.models import build_model, unwrap
+from capsnet.models import build_model, make_config, unwrap
 from capsnet.training.loop import (
     NonFiniteLossError,
     StepOptions,

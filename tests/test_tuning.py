@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 
-from capsnet.config import CapsNetConfig, make_config
-from capsnet.models import CapsNet, build_model
+from capsnet.models import CapsNet, CapsNetConfig, build_model, make_config
 from capsnet.tuning import (
     INFERENCE_BATCH,
     SpeedPlan,
@@ -218,7 +217,7 @@ def test_bf16_plan_keeps_routing_squash_and_outputs_in_float32():
 def test_inference_plan_is_batch_invariant():
     """Under the inference plan (auto: bf16 where it pays) an image alone and the same image
     inside a batch of 64 get the same prediction and capsule lengths within 1e-3."""
-    from capsnet.loading import load_model
+    from capsnet.checkpoint import load_model
 
     model = load_model()  # the shipped paper-size model
     plan = tune_for_inference(model, CPU)

@@ -11,11 +11,10 @@ import torch
 from image_files import COLOUR_CLASSES, colour_bar_png, png_header, train_colour_model
 from PIL import Image, ImageDraw
 
+from capsnet.checkpoint import load_model
 from capsnet.cli.main import main
-from capsnet.config import make_config
 from capsnet.inference import predict
-from capsnet.loading import load_model
-from capsnet.models import build_model
+from capsnet.models import build_model, make_config
 from capsnet.preprocess import MAX_PIXELS, prepare_image
 from capsnet.routing_trace import routing_trace
 from capsnet.web import create_app

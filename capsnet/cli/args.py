@@ -7,7 +7,8 @@ import sys
 
 from torch import nn
 
-from capsnet.config import INPUT_NORMS, PRESETS
+from capsnet.checkpoint import CheckpointError, load_model
+from capsnet.config import INPUT_NORMS
 from capsnet.data.datasets import DATASET_NAMES
 from capsnet.data.folder import FolderDatasetError, format_skipped_warning
 from capsnet.data.idx import IDXError
@@ -17,25 +18,13 @@ from capsnet.data.sources import DataNotFoundError
 from capsnet.devices import pick_device, tune_backends
 from capsnet.extras import MissingExtraError
 from capsnet.layers.gemm_conv import CONV_IMPLS
-from capsnet.loading import CheckpointError, load_model
 from capsnet.models.precision import PRECISIONS
+from capsnet.models.registry import MODELS, preset_names
 from capsnet.routing import capsnet_routers
 from capsnet.training.loop import NonFiniteLossError
-from capsnet.training.recipes import (
-    EFFICIENT_FAST_RECIPE,
-    EFFICIENT_PAPER_RECIPE,
-    EM_FAST_RECIPE,
-    FAST_RECIPE,
-    PAPER_RECIPE,
-    RECIPES,
-    SCHEDULES,
-)
+from capsnet.training.recipes import RECIPES, SCHEDULES, default_lr, recipe_for
 from capsnet.training.settings import (
-    CNN_LR,
     DEFAULT_VAL_SIZE,
-    EFFICIENT_LR,
-    EM_LR,
-    PAPER_LR,
     VAL_FRACTION_INVERSE,
     TrainSettings,
     resumed_settings,
@@ -47,12 +36,6 @@ from capsnet.tuning.memory import MemoryExceeded
 USER_ERRORS = (IDXError, DataNotFoundError, CheckpointError, FolderDatasetError,
                NonFiniteLossError, MemoryExceeded, MissingExtraError, FileNotFoundError, ValueError)
 DEFAULTS = TrainSettings()
-# What --model NAME trains.
-MODEL_HELP = {"capsnet": "CapsNet (Sabour et al. 2017)", "cnn": "its CNN baseline",
-              "efficient": "Efficient-CapsNet (Mazzia et al. 2021; presets paper and small; "
-                           "docs/models-efficient.md)",
-              "em": "matrix capsules with EM routing (Hinton et al. 2018; presets paper and "
-                    "small; spread loss; default Adam rate 3e-3; docs/models-em.md)"}
 # Options a resumed run takes from the resuming command only when they are given there.
 RESUME_OPTIONAL_OVERRIDES = ("lr_decay",)
 
@@ -139,12 +122,15 @@ def load_cli_model(args: argparse.Namespace, source: str | None = None) -> nn.Mo
     return model
 
 
-def add_recipe_args(p: argparse.ArgumentParser,
-                    models=("capsnet", "cnn", "efficient", "em")) -> None:
-    """Model, data and optimisation options of every training command."""
+def add_recipe_args(p: argparse.ArgumentParser, models: tuple[str, ...] | None = None) -> None:
+    """Model, data and optimisation options of every training command. Model options
+    (--routing, --routing-iterations, --input-norm) default to None or 'auto': only those
+    given are checked against the model (capsnet.models.registry.make_config).
+    ``models``: the --model choices (default: every registered model)."""
+    models = models or tuple(MODELS)
     p.add_argument("--model", default=models[0], choices=list(models),
-                   help="; ".join(f"{name}: {MODEL_HELP[name]}" for name in models))
-    p.add_argument("--preset", default=DEFAULTS.preset, choices=sorted(PRESETS),
+                   help="; ".join(f"{name}: {MODELS[name].summary}" for name in models))
+    p.add_argument("--preset", default=DEFAULTS.preset, choices=preset_names(),
                    help="layer sizes: 'paper', 'half' (half the paper's channels: the affNIST "
                         "CNN at about the paper CNN's parameter count), the narrow 'small' "
                         "for quick CPU runs, or the "
@@ -152,12 +138,13 @@ def add_recipe_args(p: argparse.ArgumentParser,
                         "none-of-the-above routing category, 24x24 crops) and 'svhn'")
     add_data_args(p)
     add_schedule_args(p)
-    p.add_argument("--routing", default=DEFAULTS.routing, choices=capsnet_routers(),
+    p.add_argument("--routing", default=None, choices=capsnet_routers(),
                    help="CapsNet: how primary capsules are routed to the class capsules: "
-                        "'dynamic' (the paper's routing by agreement), "
+                        "'dynamic' (the paper's routing by agreement, the default), "
                         "'inverted-attention' (Tsai et al. 2020) or 'self-attention' "
                         "(Efficient-CapsNet's, Mazzia et al. 2021); see docs/models.md")
-    p.add_argument("--routing-iterations", type=int, default=DEFAULTS.routing_iterations)
+    p.add_argument("--routing-iterations", type=int, default=None,
+                   help="CapsNet with an iterative router, and EM (default: 3)")
     p.add_argument("--reconstruction-weight", type=float, default=DEFAULTS.reconstruction_weight,
                    help="0 trains CapsNet without the decoder")
     add_image_args(p)
@@ -177,8 +164,9 @@ def add_recipe_args(p: argparse.ArgumentParser,
 def add_schedule_args(p: argparse.ArgumentParser) -> None:
     """--recipe and the options it fills when they are not given: epochs, batch, the
     learning rate's peak and schedule, the weights' moving average."""
-    paper, fast, efficient = PAPER_RECIPE, FAST_RECIPE, EFFICIENT_PAPER_RECIPE
-    efficient_fast, em_fast = EFFICIENT_FAST_RECIPE, EM_FAST_RECIPE
+    paper, fast, efficient = RECIPES["paper"], RECIPES["fast"], recipe_for("paper", "efficient")
+    efficient_fast, em_fast = recipe_for("fast", "efficient"), recipe_for("fast", "em")
+    rates = {name: default_lr(name, "paper") for name in MODELS}
     p.add_argument("--recipe", default=None, choices=list(RECIPES),
                    help=f"training schedule filling every option below left unset: 'paper' "
                         f"(default: {paper.epochs} epochs, Adam x {paper.lr_decay} after each "
@@ -197,10 +185,10 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
                         f"the recipe's, {paper.batch_size}; {efficient.batch_size} for "
                         f"Efficient-CapsNet's paper recipe)")
     p.add_argument("--lr", type=float, default=None,
-                   help=f"peak Adam learning rate (default: the recipe's multiple of {PAPER_LR}; "
-                        f"of {CNN_LR} for the CNN baseline of the paper and half presets, "
-                        f"which dies at {PAPER_LR}; of {EFFICIENT_LR} for Efficient-CapsNet; "
-                        f"of {EM_LR} for EM)")
+                   help=f"peak Adam learning rate (default: the recipe's multiple of "
+                        f"{rates['capsnet']}; of {rates['cnn']} for the CNN baseline but its "
+                        f"small and tiny presets, which dies at {rates['capsnet']}; of "
+                        f"{rates['efficient']} for Efficient-CapsNet; of {rates['em']} for EM)")
     p.add_argument("--lr-decay", type=float, default=None,
                    help=f"schedule exp: learning-rate factor applied after each epoch (default: "
                         f"the recipe's, {paper.lr_decay}; {efficient.lr_decay} for "

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from capsnet.checkpoint import DEFAULT_WEIGHTS
 from capsnet.cli.args import add_data_args, add_model_args, load_cli_model, load_cli_test_set
-from capsnet.loading import DEFAULT_WEIGHTS
 from capsnet.training.loop import evaluate
 
 

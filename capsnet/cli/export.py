@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from capsnet.checkpoint import weights_info
 from capsnet.export import FORMATS, export_checkpoint, read_description
-from capsnet.loading import weights_info
 
 
 def add_parser(subparsers) -> None:
@@ -20,7 +20,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--format", dest="fmt", default="onnx", choices=(*FORMATS, "safetensors"),
                    help="onnx (for onnxruntime and others), torchscript (torch.jit.load), or "
                         "safetensors (compact float16 weights that `--checkpoint` and "
-                        "capsnet.loading.load_model read)")
+                        "capsnet.checkpoint.load_model read)")
     p.add_argument("-o", "--output", default=None,
                    help="file to write (default: beside the checkpoint, e.g. best.onnx or "
                         "best.ts.pt)")

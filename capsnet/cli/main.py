@@ -7,6 +7,7 @@ import sys
 
 from capsnet import __version__
 from capsnet.cli.args import USER_ERRORS
+from capsnet.config import ConfigError
 from capsnet.devices import keep_freed_memory
 
 # Modules under capsnet.cli, each with add_parser(subparsers) and run(args, argv) -> int.
@@ -16,6 +17,9 @@ COMMANDS = [
     "robustness", "affnist", "multimnist",  # beyond plain accuracy
     "export",  # deployment
 ]
+
+
+USAGE_ERROR = 2  # argparse's exit status for a wrong command line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # every command's CPU tensors: heap reuse instead of fresh mmaps
     try:
         return args.func(args, argv)
+    except ConfigError as exc:  # a model option the model does not take: a usage error
+        print(f"capsnet: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
     except USER_ERRORS as exc:
         print(f"capsnet: error: {exc}", file=sys.stderr)
         return 1

@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 import tarfile
-import tempfile
 import zlib
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
 
+from capsnet.atomic import atomic_write
 from capsnet.data.idx import DatasetFileError
 from capsnet.data.image_dataset import ImageDataset
 from capsnet.data.sources import (
@@ -134,17 +134,11 @@ def extract_batches(archive: Path, dest_dir: Path) -> Path:
     ``tar.extract``); each appears atomically through a temporary file and a rename.
     """
     out_dir = dest_dir / BATCH_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "r:gz") as tar:
         for name in ALL_FILES:
-            source = tar.extractfile(f"{BATCH_DIR}/{name}")
-            fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as out, source:
-                    shutil.copyfileobj(source, out)
-                os.replace(tmp_name, out_dir / name)
-            finally:
-                Path(tmp_name).unlink(missing_ok=True)
+            with tar.extractfile(f"{BATCH_DIR}/{name}") as source:
+                atomic_write(out_dir / name, lambda out, source=source:
+                             shutil.copyfileobj(source, out))
     return out_dir
 
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
-import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from capsnet.atomic import atomic_write
 from capsnet.data.image_dataset import ImageDataset
 
 CACHE_VERSION = 3  # bump when the arrays for the same files and options differ (3: shuffled)
@@ -83,18 +82,10 @@ def save_cached(path: Path, train: ImageDataset, test: ImageDataset) -> bool:
     for split, dataset in zip(SPLITS, (train, test), strict=True):
         arrays[f"{split}_images"] = dataset.images.numpy()
         arrays[f"{split}_labels"] = dataset.labels.numpy()
-    tmp_name = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as out:
-            np.savez(out, **arrays)
-        os.replace(tmp_name, path)
+        atomic_write(path, lambda out: np.savez(out, **arrays))
     except OSError:
         return False
-    finally:
-        if tmp_name is not None:
-            Path(tmp_name).unlink(missing_ok=True)
     options_hash = path.stem.split("-")[0]
     for stale in path.parent.glob(f"{options_hash}-*{SUFFIX}"):
         if stale != path:

@@ -1,4 +1,4 @@
-"""Reading IDX files, the format of the MNIST and Fashion-MNIST files.
+"""Reading and writing IDX files, the format of the MNIST and Fashion-MNIST files.
 
 An IDX file is a 4-byte magic number ``00 00 <type code> <ndim>``, then ``ndim``
 big-endian uint32 dimension sizes, then the payload: ``prod(dims)`` items of the
@@ -15,14 +15,18 @@ import gzip
 import math
 import os
 import zlib
+from pathlib import Path
 from typing import BinaryIO, Union
 
 import numpy as np
+
+from capsnet.atomic import atomic_write
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 GZIP_SUFFIX = ".gz"
+GZIP_LEVEL = 6  # zlib's default: 9 is several times slower for a few percent
 MAGIC_SIZE = 4
 DIM_SIZE = 4  # each dimension size is a big-endian uint32
 MAX_NDIM = 8
@@ -37,6 +41,7 @@ TYPE_CODES: dict[int, np.dtype] = {
     0x0D: np.dtype(">f4"),
     0x0E: np.dtype(">f8"),
 }
+DTYPE_CODES: dict[np.dtype, int] = {dt.newbyteorder("="): code for code, dt in TYPE_CODES.items()}
 
 # What a damaged gzip stream raises while being decompressed.
 GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error, OSError)
@@ -155,3 +160,36 @@ def read_idx(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
             kind = "corrupt gzip data" if isinstance(f, gzip.GzipFile) else "read error"
             raise IDXError(path, f"{kind}: {err}") from err
     return array.astype(dtype.newbyteorder("="), copy=False)
+
+
+def _idx_header(array: np.ndarray) -> bytes:
+    """The magic number and dimension sizes that describe ``array``."""
+    code = DTYPE_CODES.get(array.dtype.newbyteorder("="))
+    if code is None:
+        known = ", ".join(str(dt) for dt in DTYPE_CODES)
+        raise ValueError(f"IDX cannot store dtype {array.dtype} (supported: {known})")
+    if not 1 <= array.ndim <= MAX_NDIM or 0 in array.shape:
+        raise ValueError(f"IDX needs 1..{MAX_NDIM} non-zero dimensions, got shape {array.shape}")
+    dims = np.asarray(array.shape, dtype=">u4").tobytes()
+    return bytes([0, 0, code, array.ndim]) + dims
+
+
+def write_idx(path: PathLike, array: np.ndarray) -> None:
+    """Write ``array`` as an IDX file, gzip-compressed when ``path`` ends in ``.gz``.
+
+    The file appears atomically: it is written to a temporary file in the same
+    directory and then renamed over ``path``.
+    """
+    array = np.asarray(array)
+    header = _idx_header(array)
+    payload = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder(">")).tobytes()
+    def write(raw) -> None:
+        if Path(path).name.endswith(GZIP_SUFFIX):
+            with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
+                gz.write(header)
+                gz.write(payload)
+        else:
+            raw.write(header)
+            raw.write(payload)
+
+    atomic_write(path, write)

@@ -17,10 +17,11 @@ import os
 
 import torch
 
-from capsnet.config import class_names, is_digit_model
+from capsnet.classes import class_names
 from capsnet.data.augment import center_crop
 from capsnet.data.datasets import FOLDER, load_dataset, load_split
 from capsnet.data.image_dataset import ImageDataset
+from capsnet.data.policy import is_digit_model
 from capsnet.data.transforms import place_on_canvas
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from http.client import HTTPException
 from pathlib import Path
 from typing import TypeVar
 
+from capsnet.atomic import atomic_path
 from capsnet.data.idx import GZIP_ERRORS, GZIP_MAGIC, GZIP_SUFFIX, IDXError, open_maybe_gzip
 
 FILE_KEYS = ("train_images", "train_labels", "test_images", "test_labels")
@@ -288,20 +288,15 @@ def download_verified(urls: Sequence[str], target: Path, check: Callable[[Path],
     partial or unverified file is ever visible. Raises DataNotFoundError naming the file
     and every URL's error when all fail.
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
     errors = []
     for url in urls:
-        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        os.close(fd)
         try:
-            _fetch(url, Path(tmp_name), timeout, progress)
-            check(Path(tmp_name))
-            os.replace(tmp_name, target)
+            with atomic_path(target) as tmp:
+                _fetch(url, tmp, timeout, progress)
+                check(tmp)
             return target
         except (OSError, HTTPException, ValueError) as err:  # URLError, timeouts, checks
             errors.append(f"{url}: {err}")
-        finally:
-            Path(tmp_name).unlink(missing_ok=True)
     tried = "; ".join(errors) or "no mirrors"
     raise DataNotFoundError(f"could not download {target.name}: {tried}")
 

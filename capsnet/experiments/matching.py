@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from capsnet.loading import CheckpointError, load_checkpoint
+from capsnet.checkpoint import CheckpointError, load_checkpoint
 
 
 @dataclass(frozen=True)

@@ -44,11 +44,15 @@ class DigitCaps(nn.Module):
         # contiguous: the routing reads it six times (a permuted view would be copied each time)
         return torch.einsum("ijdk,bik->bjid", self.W, u).contiguous()  # (B, 10, 1152, 16)
 
-    def forward(self, u: torch.Tensor) -> Routed:
+    def route(self, u: torch.Tensor) -> tuple[torch.Tensor, Routed]:
+        """u: (B, I, in_dim) -> the votes u_hat (B, J, I, out_dim) and their routing."""
         self.check_input(u)
         with torch.autocast(device_type=u.device.type, enabled=False):
             u_hat = self.predictions(full_precision(u))  # (B, J, I, D)
-            return self.router(u_hat)  # poses (B, J, D), activations (B, J), couplings
+            return u_hat, self.router(u_hat)  # poses (B, J, D), activations (B, J), couplings
+
+    def forward(self, u: torch.Tensor) -> Routed:
+        return self.route(u)[1]
 
 
 class LazyDigitCaps(LazyModuleMixin, DigitCaps):

@@ -154,13 +154,16 @@ class ClassCapsules(nn.Module):
         V = V.reshape(B, -1, G * G, T, POSE_SIZE) + self.offsets[:, None, :]  # (B, J, P, T, 16)
         return V.reshape(B, V.shape[1], G * G * T, POSE_SIZE)  # (B, 10, 144, 16)
 
-    def route(self, poses: torch.Tensor, activations: torch.Tensor) -> Routed:
+    def route(self, poses: torch.Tensor,
+              activations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Routed]:
+        """The votes (B, J, I, 16), the children's activations (B, I) and their routing."""
         with torch.autocast(device_type=poses.device.type, enabled=False):
             poses, activations = full_precision(poses), full_precision(activations)
             V = self.votes(poses)  # (B, J, I, 16)
-            return self.router(V, activations.reshape(activations.shape[0], -1))  # (B, I)
+            a = activations.reshape(activations.shape[0], -1)  # (B, I)
+            return V, a, self.router(V, a)
 
     def forward(self, poses: torch.Tensor,
                 activations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        routed = self.route(poses, activations)
+        routed = self.route(poses, activations)[2]
         return routed.poses, routed.activations  # (B, classes, 16), (B, classes)

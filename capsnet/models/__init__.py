@@ -1,36 +1,26 @@
-"""Model assemblies and the few functions that treat every model alike."""
+"""Model assemblies, their registry (:mod:`capsnet.models.registry`) and the few functions
+that treat every model alike."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from capsnet.config import CapsNetConfig, CNNConfig, EfficientCapsNetConfig, EMCapsNetConfig
-from capsnet.models.capsnet import CapsNet, CapsuleOutput
-from capsnet.models.cnn_baseline import CNNBaseline
-from capsnet.models.efficient_capsnet import EfficientCapsNet
-from capsnet.models.em_capsnet import EMCapsNet, MatrixCapsuleOutput
-
-MODELS = {"capsnet": CapsNet, "cnn": CNNBaseline, "efficient": EfficientCapsNet,
-          "em": EMCapsNet}
-
-
-def model_name_of(config) -> str:
-    """'capsnet', 'cnn', 'efficient' or 'em' for a config object."""
-    if isinstance(config, CapsNetConfig):
-        return "capsnet"
-    if isinstance(config, CNNConfig):
-        return "cnn"
-    if isinstance(config, EfficientCapsNetConfig):
-        return "efficient"
-    if isinstance(config, EMCapsNetConfig):
-        return "em"
-    raise TypeError(f"not a model config: {type(config).__name__}")
-
-
-def build_model(config) -> nn.Module:
-    """A fresh model for a :class:`CapsNetConfig`, :class:`CNNConfig` or
-    :class:`EfficientCapsNetConfig` or :class:`EMCapsNetConfig`."""
-    return MODELS[model_name_of(config)](config)
+from capsnet.models.capsnet import CapsNet, CapsNetConfig, CapsuleOutput
+from capsnet.models.cnn_baseline import CNNBaseline, CNNConfig
+from capsnet.models.efficient_capsnet import EfficientCapsNet, EfficientCapsNetConfig
+from capsnet.models.em_capsnet import EMCapsNet, EMCapsNetConfig, MatrixCapsuleOutput
+from capsnet.models.entry import ClassRouting, ModelEntry
+from capsnet.models.registry import (
+    MODELS,
+    PRESET_CROPS,
+    build_model,
+    config_from_dict,
+    entry_of,
+    make_config,
+    model_entry,
+    model_name_of,
+    preset_names,
+)
 
 
 def class_scores(output) -> torch.Tensor:
@@ -53,6 +43,9 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["CapsNet", "CapsuleOutput", "CNNBaseline", "EfficientCapsNet", "EMCapsNet",
-           "MatrixCapsuleOutput", "MODELS", "build_model", "class_scores", "count_parameters",
-           "model_name_of", "unwrap"]
+__all__ = ["CapsNet", "CapsNetConfig", "CNNConfig", "EfficientCapsNetConfig", "EMCapsNetConfig",
+           "CapsuleOutput", "ClassRouting", "CNNBaseline", "EfficientCapsNet",
+           "EMCapsNet", "MatrixCapsuleOutput", "MODELS", "ModelEntry", "PRESET_CROPS",
+           "build_model", "class_scores", "config_from_dict", "count_parameters",
+           "entry_of", "make_config", "model_entry",
+           "model_name_of", "preset_names", "unwrap"]

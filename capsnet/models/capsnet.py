@@ -1,15 +1,84 @@
 """CapsNet (Sabour, Frosst & Hinton 2017, Fig. 1): Conv1 -> PrimaryCaps -> DigitCaps -> Decoder."""
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from capsnet.config import CapsNetConfig
+from capsnet.config import ConfigError, NormalisedDataConfig, conv_output_size, stack_fields
 from capsnet.layers import Decoder, DigitCaps, GemmConv2d, InputNorm, PrimaryCaps, full_precision
+from capsnet.models.entry import TYPE_MAJOR, Children, ClassRouting, ModelEntry
 from capsnet.models.precision import autocast_to
-from capsnet.routing import router_class
+from capsnet.routing import capsnet_routers, router_class
+
+
+@dataclass(frozen=True)
+class CapsNetConfig(NormalisedDataConfig):
+    """The CapsNet of Sabour, Frosst & Hinton (2017), Figure 1 and 2.
+
+    Defaults are the paper's; the ``small`` preset shrinks the widths for tests.
+    """
+
+    conv1_channels: int = 256
+    conv1_kernel: int = 9
+    # 1 in the paper; larger inputs of other data take a larger one (capsnet.data.policy.
+    # conv1_stride_for) so that the primary capsules stay near the paper's count
+    conv1_stride: int = 1
+    primary_types: int = 32  # capsule types ("channels") in PrimaryCaps
+    primary_dim: int = 8
+    primary_kernel: int = 9
+    primary_stride: int = 2
+    digit_dim: int = 16
+    # The routing algorithm from primary to digit capsules, by its registered name
+    # (capsnet.routing.ROUTERS): 'dynamic' (the paper's Procedure 1),
+    # 'inverted-attention' (Tsai et al. 2020) or 'self-attention'. Checked against the
+    # registered routers when the model is made (capsnet.models.capsnet).
+    routing: str = "dynamic"
+    routing_iterations: int = 3
+    routing_full_graph: bool = False  # backpropagate through every routing iteration
+    # Section 7 (CIFAR-10): a "none-of-the-above" category in the routing softmax, a logit
+    # fixed at zero that takes a share of each input capsule's coupling but has no capsule.
+    none_of_the_above: bool = False
+    decoder_hidden: tuple[int, ...] = (512, 1024)
+    use_decoder: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.conv1_stride < 1:
+            raise ValueError(f"conv1_stride must be at least 1, not {self.conv1_stride}")
+        if self.primary_grid < 1:
+            raise ValueError(
+                f"image size {self.image_size} is too small for the conv kernels "
+                f"{self.conv1_kernel} and {self.primary_kernel} (strides {self.conv1_stride} "
+                f"and {self.primary_stride}): "
+                f"the smallest workable size is {self.smallest_image_size} pixels "
+                f"(--image-size N resizes the images)")
+        if self.routing_iterations < 1:
+            raise ValueError("routing_iterations must be at least 1")
+
+    @property
+    def smallest_image_size(self) -> int:
+        """The smallest input side with a 1x1 primary grid: Conv1's kernel, then one
+        PrimaryCaps kernel of Conv1 positions (17 for the paper's 9 and 9 at stride 1)."""
+        return self.conv1_kernel + (self.primary_kernel - 1) * self.conv1_stride
+
+    @property
+    def conv1_grid(self) -> int:
+        """Side of Conv1's output (20 for 28x28)."""
+        return conv_output_size(self.image_size, self.conv1_kernel, self.conv1_stride)
+
+    @property
+    def primary_grid(self) -> int:
+        """Side of PrimaryCaps' output grid (6 for 28x28)."""
+        return conv_output_size(self.conv1_grid, self.primary_kernel, self.primary_stride)
+
+    @property
+    def num_primary_caps(self) -> int:
+        """Number of primary capsules (1152 for 28x28)."""
+        return self.primary_types * self.primary_grid**2
 
 
 class CapsuleOutput(NamedTuple):
@@ -47,14 +116,72 @@ class CapsNet(nn.Module):
                         if cfg.use_decoder else None)
         self.compute_dtype: torch.dtype | None = None
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
+    def forward_routing(self, x: torch.Tensor) -> ClassRouting:
+        """Conv1 -> PrimaryCaps -> the votes for DigitCaps and their routing."""
         with autocast_to(x.device, self.compute_dtype):
             h = torch.relu(self.conv1(self.input_norm(x)))  # (B, 256, 20, 20)
-            u = self.primary_caps(h)  # (B, 1152, 8) float32
-            routed = self.digit_caps(u)
-            v, lengths = routed.poses, routed.activations  # (B, 10, 16), (B, 10) float32
-            reconstructions = None
-            if self.decoder is not None:
+            u = self.primary_caps(h)  # (B, 1152, 8) float32, type-major
+        u_hat, routed = self.digit_caps.route(u)  # (B, 10, 1152, 16), Routed
+        return ClassRouting(u, u_hat, None, routed, self.digit_caps.router)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
+        routed = self.forward_routing(x).routed
+        v, lengths = routed.poses, routed.activations  # (B, 10, 16), (B, 10) float32
+        reconstructions = None
+        if self.decoder is not None:
+            with autocast_to(x.device, self.compute_dtype):
                 keep = labels if labels is not None else lengths.argmax(dim=-1)  # (B,)
                 reconstructions = full_precision(self.decoder(v, keep))  # (B, 1, 28, 28)
         return CapsuleOutput(lengths, v, reconstructions)
+
+
+# CapsNet's options that only some routers take: the option -> the router's argument.
+ROUTER_OPTIONS = {"routing_iterations": "iterations", "routing_full_graph": "full_graph",
+                  "none_of_the_above": "none_of_the_above"}
+
+
+def check_routing(values: dict, given: set[str]) -> None:
+    """ConfigError for a router CapsNet cannot hold, or a routing option given for a
+    router without it (self-attention routing has no iterations)."""
+    routing = values["routing"]
+    if routing not in capsnet_routers():
+        raise ConfigError(f"unknown routing {routing!r} for capsnet; choose from "
+                          f"{', '.join(capsnet_routers())}")
+    takes = inspect.signature(router_class(routing)).parameters
+    for option, argument in ROUTER_OPTIONS.items():
+        if option in given and argument not in takes:
+            honoured = [name for name in capsnet_routers()
+                        if argument in inspect.signature(router_class(name)).parameters]
+            raise ConfigError(f"{routing} routing takes no {option}; it is an option "
+                              f"of {', '.join(honoured)} routing")
+
+
+def routing_view(config: CapsNetConfig) -> Children:
+    """The primary capsules, type-major i = (type, row, column): centres 8, 10, ..., 18 and
+    fields of 17 pixels for 28x28 (Conv1 and PrimaryCaps at the paper's strides)."""
+    layers = ((config.conv1_kernel, config.conv1_stride),
+              (config.primary_kernel, config.primary_stride))
+    return Children(config.primary_types, config.primary_grid, TYPE_MAJOR,
+                    *stack_fields(layers, config.primary_grid), "primary", "length")
+
+
+# The narrow sizes for tests and quick CPU runs.
+SMALL = {"conv1_channels": 32, "primary_types": 8, "decoder_hidden": (64, 128)}
+
+ENTRY = ModelEntry(
+    name="capsnet", config=CapsNetConfig, model=CapsNet, summary="CapsNet (Sabour et al. 2017)",
+    presets={
+        "paper": {},
+        "small": SMALL,
+        "tiny": SMALL,  # the CNN's 'tiny' comparison; for CapsNet the 'small' sizes
+        "half": {"conv1_channels": 128, "primary_types": 16},  # half the paper's channels
+        # Section 7: CIFAR-10 with 64 primary capsule types and a none-of-the-above
+        # category, trained on random 24x24 crops (registry.PRESET_CROPS).
+        "cifar10": {"primary_types": 64, "none_of_the_above": True},
+        # Section 7: SVHN with 64 Conv1 channels, 16 types of 6-D primary capsules, 8-D capsules.
+        "svhn": {"conv1_channels": 64, "primary_types": 16, "primary_dim": 6, "digit_dim": 8},
+    },
+    lr=1e-3,  # the paper's Adam rate
+    check=check_routing,
+    routing_view=routing_view,
+)

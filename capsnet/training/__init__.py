@@ -1,7 +1,7 @@
 """Training: one epoch and evaluation (loop), the one epoch driver for every run (runner),
 classification (fit), several seeds (repeat), named recipes (recipes), learning-rate schedules
 (schedules), the weights' moving average (ema), checkpoint writing, settings, DDP, metrics."""
-from capsnet.training.checkpoint import save_checkpoint
+from capsnet.checkpoint import save_checkpoint
 from capsnet.training.fit import fit
 from capsnet.training.loop import (
                                    EvalResult,

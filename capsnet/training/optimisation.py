@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import ExponentialLR, LRScheduler
 
-from capsnet.config import make_config
-from capsnet.models import build_model, unwrap
+from capsnet.models import build_model, entry_of, unwrap
+from capsnet.models.registry import has_option, make_config
 from capsnet.training.ema import WeightEMA
 from capsnet.training.schedules import make_scheduler, replan_length, step_schedule
 from capsnet.training.settings import TrainSettings
@@ -86,10 +86,11 @@ def build_training(settings: TrainSettings, overrides: dict, device: torch.devic
     """The model, Adam at the peak rate, the settings' schedule over ``steps_per_epoch``
     optimiser steps an epoch, and the EMA when ``settings.ema_decay`` > 0. Under DDP every
     rank builds the same (same seed), so every rank's EMA averages the same weights."""
-    config = make_config(settings.model, settings.preset, **overrides,
-                         routing=settings.routing,
-                         routing_iterations=settings.routing_iterations,
-                         use_decoder=settings.reconstruction_weight > 0)
+    derived = {**overrides, "use_decoder": settings.reconstruction_weight > 0}
+    derived = {name: value for name, value in derived.items()  # what the data decides
+               if has_option(settings.model, name)}
+    config = make_config(settings.model, settings.preset,
+                         **{**derived, **settings.model_options()})
     model = build_model(config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
     scheduler, per_step = make_scheduler(optimizer, settings, steps_per_epoch)
@@ -102,17 +103,17 @@ def build_training(settings: TrainSettings, overrides: dict, device: torch.devic
 
 
 def initialise_from_data(training: Training, images: torch.Tensor | None) -> str | None:
-    """Let a model that has ``initialise_from_data(images) -> str`` (the EM model: its
+    """Let a model whose registry entry has an ``initialise`` step (the EM model: its
     primary poses' scale) adjust its fresh weights to a batch of training ``images``, then
     start the weights' moving average from the adjusted weights. Returns the model's
     description of what it did; None when the model has no such step or there are no
     images. A resumed run never calls it: its weights come from the checkpoint."""
     model = unwrap(training.model)
-    initialise = getattr(model, "initialise_from_data", None)
+    initialise = entry_of(model.config).initialise
     if initialise is None or images is None:
         return None
     with torch.no_grad():
-        described = initialise(images.to(next(model.parameters()).device))
+        described = initialise(model, images.to(next(model.parameters()).device))
     if training.ema is not None:
         training.ema.module.load_state_dict(model.state_dict())
     return described

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from capsnet.checkpoint import model_from_checkpoint
 from capsnet.data.model_view import load_test_set
 from capsnet.devices import pick_device
-from capsnet.loading import model_from_checkpoint
 from capsnet.training.distributed import env_ranks
 from capsnet.training.fit import fit
 from capsnet.training.loop import predict_scores

@@ -20,13 +20,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from capsnet.checkpoint import (
+    CheckpointError,
+    atomic_copy,
+    load_checkpoint,
+    model_from_checkpoint,
+    save_checkpoint,
+)
 from capsnet.config import config_to_dict
 from capsnet.devices import tune_backends
-from capsnet.loading import CheckpointError, load_checkpoint, model_from_checkpoint
 from capsnet.models import unwrap
 from capsnet.models.precision import grad_scaler_for
 from capsnet.training import distributed
-from capsnet.training.checkpoint import atomic_copy, save_checkpoint
 from capsnet.training.distributed import World
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.metrics_log import MetricsLog

@@ -6,15 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from capsnet.training.recipes import (
-    AUGMENTATIONS,
-    CNN_LR,
-    EFFICIENT_LR,
-    EM_LR,
-    PAPER_LR,
-    SCHEDULES,
-    recipe_for,
-)
+from capsnet.models.registry import check_options, has_option
+from capsnet.training.recipes import AUGMENTATIONS, SCHEDULES, default_lr, recipe_for
 
 
 @dataclass
@@ -36,16 +29,17 @@ class TrainSettings:
     min_lr: float | None = None  # the floor: 'cosine'/'onecycle' end there, 'exp' stops there
     ema_decay: float | None = None  # EMA of the weights, validated/saved/tested; 0: none
     ema_warmup: bool | None = None  # EMA decay min(ema_decay, (1 + n) / (10 + n)) at update n
-    routing: str = "dynamic"  # CapsNet: the routing algorithm (capsnet.routing.ROUTERS)
-    routing_iterations: int = 3
+    # Model options; None: the preset's. Checked against the model (make_config).
+    routing: str | None = None  # CapsNet: the routing algorithm (capsnet.routing.ROUTERS)
+    routing_iterations: int | None = None
     reconstruction_weight: float = 0.0005  # 0 trains CapsNet without its decoder
     augment: str | None = None  # 'shift' (max_shift) or 'efficient' (Efficient-CapsNet's)
     max_shift: int | None = None  # 'shift': random translations of up to this many pixels
     crop: int | None = None  # random crops in training (instead of shifts), centre crop to evaluate
     image_size: int | None = None  # resize the images to N x N (default: their own size)
     channels: int | None = None  # 1 (grey) or 3 (RGB); default: the data's own
-    input_norm: str = "auto"  # CapsNet: 'none', 'image' or 'auto' (config.input_norm_for)
-    conv1_stride: str | int = "auto"  # CapsNet: 'auto' (config.conv1_stride_for) or a number
+    input_norm: str = "auto"  # CapsNet: 'none', 'image' or 'auto' (data.policy.input_norm_for)
+    conv1_stride: str | int = "auto"  # CapsNet: 'auto' (data.policy.conv1_stride_for) or a number
     skip_bad_images: bool = False  # folders: skip unreadable files (with a warning), don't fail
     subset: int | None = None  # train on the first N images of the training pool
     val_size: int | None = None  # held out, stratified; 0 for none; None: validation_size()
@@ -66,6 +60,7 @@ class TrainSettings:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        check_options(self.model, self.preset, **self.model_options())
         recipe = recipe_for(self.recipe, self.model)
         for name in RECIPE_FIELDS:
             if getattr(self, name) is None:
@@ -80,6 +75,13 @@ class TrainSettings:
             raise ValueError(f"keep_every must be a positive number of epochs, "
                              f"not {self.keep_every}")
 
+    def model_options(self) -> dict:
+        """The model's config options these settings name (not left to the preset)."""
+        options = {"routing": self.routing, "routing_iterations": self.routing_iterations,
+                   "input_norm": None if self.input_norm == "auto" else self.input_norm,
+                   "conv1_stride": None if self.conv1_stride == "auto" else int(self.conv1_stride)}
+        return {name: value for name, value in options.items() if value is not None}
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -88,19 +90,15 @@ class TrainSettings:
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in values.items() if k in known}
         values.setdefault("augment", "shift")  # the only one before the setting existed
+        model = values.get("model", cls.model)
+        for name in SAVED_FOR_EVERY_MODEL:  # runs saved before model options were checked
+            if name in values and not has_option(model, name):
+                del values[name]
         return cls(**values)
 
 
-def default_lr(model: str, preset: str) -> float:
-    """The Adam learning rate of a run that names none, before the recipe's lr_scale: the
-    paper's, but CNN_LR for the wide CNN baselines and Efficient-CapsNet's own for it
-    and EM_LR for matrix capsules
-    (the rates: capsnet/training/recipes.py)."""
-    if model == "efficient":
-        return EFFICIENT_LR
-    if model == "em":
-        return EM_LR
-    return CNN_LR if model == "cnn" and preset not in ("small", "tiny") else PAPER_LR
+# Options every run saved, whatever its model, before they were checked against it.
+SAVED_FOR_EVERY_MODEL = ("routing", "routing_iterations", "input_norm", "conv1_stride")
 
 
 # Settings a recipe fills when a run leaves them None (the learning rate and max_shift: see
@@ -164,7 +162,7 @@ def resumed_settings(resume: str | Path, given: TrainSettings,
     'lr_decay', to anneal faster from the next epoch on) taken from ``given``. The run goes
     on in ``out_dir`` if given, else in the resumed checkpoint's directory (the saved
     out_dir may be relative to another working directory)."""
-    from capsnet.loading import load_checkpoint
+    from capsnet.checkpoint import load_checkpoint
 
     checkpoint = resume_checkpoint(resume)
     saved = load_checkpoint(checkpoint, mmap=True).get("train_settings")  # no tensors read

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from capsnet.atomic import atomic_write
 from capsnet.data.sources import default_cache_dir
 
 CACHE_FILE = "speed-plans.json"
@@ -45,11 +44,7 @@ def write_entry(key: str, entry: dict, path: Path | None = None) -> Path:
     entries = _read_all(path)
     entries[key] = entry
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(entries, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: json.dump(entries, f, indent=1, sort_keys=True), mode="w")
     except OSError:
         pass
     return path

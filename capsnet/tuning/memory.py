@@ -20,8 +20,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from capsnet.config import CapsNetConfig, CNNConfig, EfficientCapsNetConfig, EMCapsNetConfig
-from capsnet.models import build_model, count_parameters
+from capsnet.models import (
+    CapsNetConfig,
+    CNNConfig,
+    EfficientCapsNetConfig,
+    EMCapsNetConfig,
+    build_model,
+    count_parameters,
+)
 
 FLOAT32 = 4
 GIB = 2**30

@@ -1,23 +1,26 @@
-"""One way to load a model: :func:`load_model` takes the shipped weights (None), a training
-checkpoint (.pt), a weights file (.safetensors) or a model, and gives a model in eval mode.
+"""The checkpoint format, written and read in one place.
 
-Checkpoints are dicts saved by ``capsnet.training.checkpoint.save_checkpoint`` with a format
-marker and version, the model's name and configuration and its state_dict; weights files are
-safetensors with the same description in their metadata. Every problem with a file is a
-:class:`CheckpointError` whose one-line message names the file.
+A checkpoint (.pt) is a dict saved by :func:`save_checkpoint`, atomically: a format marker
+and version, the model's name and configuration, its state_dict and any training state. A
+weights file (.safetensors, :func:`save_weights`) holds the weights with the same
+description in its metadata. One way to load a model: :func:`load_model` takes the shipped
+weights (None), a checkpoint, a weights file or a model, and gives a model in eval mode.
+Every problem with a file is a :class:`CheckpointError` whose one-line message names it.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from capsnet.config import config_from_dict
-from capsnet.models import MODELS, build_model
+from capsnet.atomic import atomic_path, atomic_write
+from capsnet.config import config_to_dict
+from capsnet.models import MODELS, build_model, config_from_dict, model_name_of, unwrap
 
 CHECKPOINT_FORMAT = "capsnet-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -26,11 +29,54 @@ WEIGHTS_SUFFIX = ".safetensors"
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "capsnet-mnist.safetensors"
 
+COPY_CHUNK = 1 << 24  # bytes per read when copying a checkpoint
+COPY_CHUNK = 1 << 24  # bytes per read when copying a checkpoint
 ModelSource = None | str | os.PathLike | nn.Module
 
 
 class CheckpointError(ValueError):
     """A file that is not a usable capsnet checkpoint (one line, names the file)."""
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """torch.save ``obj`` to ``path`` atomically."""
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def atomic_copy(source: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Copy a written checkpoint to ``path`` atomically: the same bytes as saving the same
+    state again, without serialising it a second time."""
+    with open(source, "rb") as src:
+        atomic_write(path, lambda f: shutil.copyfileobj(src, f, length=COPY_CHUNK))
+
+
+def save_checkpoint(path: str | os.PathLike, model: nn.Module, **state: Any) -> None:
+    """Save the model's weights and configuration plus any training ``state``
+    (optimizer, scheduler, epoch, RNG, metrics...)."""
+    model = unwrap(model)
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "format_version": CHECKPOINT_VERSION,
+        "model": model_name_of(model.config),
+        "config": config_to_dict(model.config),
+        "state_dict": model.state_dict(),
+        **state,
+    }
+    atomic_torch_save(payload, path)
+
+
+def save_weights(state_dict: dict, model: str, config: dict, path: str | os.PathLike,
+                 dtype: torch.dtype = torch.float16, info: dict | None = None) -> Path:
+    """Write a model's weights as a compact safetensors file (weights in ``dtype``),
+    carrying the model name, its configuration and ``info`` (e.g. measured accuracy)."""
+    from safetensors.torch import save_file
+
+    tensors = {k: v.to(dtype).contiguous() for k, v in state_dict.items()}
+    metadata = {"format": WEIGHTS_FORMAT, "model": model, "config": json.dumps(config),
+                "info": json.dumps(info or {})}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+    return Path(path)
 
 
 def load_model(source: ModelSource = None, device: Any = "cpu") -> nn.Module:
