@@ -1,0 +1,70 @@
+"""Attacks aimed at capsules: the vote attack (Gu, Wu & Tresp, ICLR 2021) and the
+reconstructive attack on reconstruction-based detectors (Qin et al., ICLR 2020).
+
+The vote attack replaces the routing by the mean of the primary capsules' votes u_hat,
+squashed, as the surrogate output: its gradient does not pass through the routing
+iterations, which can hide (mask) the gradient of the true output. The votes come from the
+model's own capsule layer (``predictions`` of :class:`~capsnet.layers.DigitCaps`, ``votes``
+of Efficient-CapsNet's capsule layer) fed the primary capsules that a forward hook reads
+during the model's own forward, so any router works unchanged. The detection-aware vote
+attack adds the reconstructive term (its reconstruction is the real model's, as the
+detector sees it)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from capsnet.layers.squash import squash
+from capsnet.models import CapsuleOutput, MatrixCapsuleOutput
+
+# The capsule layers whose input is the primary capsules u (B, I, in_dim), and the
+# method of each that turns u into votes u_hat (B, J, I, D).
+VOTE_LAYERS = (("digit_caps", "predictions"), ("class_caps", "votes"))
+RECONSTRUCTIVE_WEIGHT = 0.05  # per unit of summed squared pixel error (lengths are in [0, 1])
+
+
+def _vote_layer(model: nn.Module) -> tuple[nn.Module, str]:
+    for attribute, method in VOTE_LAYERS:
+        layer = getattr(model, attribute, None)
+        if layer is not None and hasattr(layer, method):
+            return layer, method
+    raise ValueError(f"the vote attack needs a vector-capsule model (capsnet with any router, "
+                     f"or efficient); {type(model).__name__} has no capsule layer with votes")
+
+
+def primary_votes(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, object]:
+    """The votes u_hat (B, J, I, D) of the primary capsules of x (B, C, H, W) and the
+    model's output, from one forward of the model (a pre-hook reads the capsule layer's
+    input u; the layer's own method turns it into votes, in float32)."""
+    layer, method = _vote_layer(model)
+    seen: dict[str, torch.Tensor] = {}
+    handle = layer.register_forward_pre_hook(lambda _, args: seen.update(u=args[0]))
+    try:
+        output = model(x)
+    finally:
+        handle.remove()
+    if isinstance(output, MatrixCapsuleOutput):
+        raise ValueError("the vote attack needs vector capsules; EM's matrix capsules have "
+                         "activations, not lengths")
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        u_hat = getattr(layer, method)(seen["u"].float())  # (B, J, I, D)
+    return u_hat, output
+
+
+def vote_output(model: nn.Module, x: torch.Tensor) -> CapsuleOutput:
+    """The vote attack's surrogate output: v_j = squash(mean_i u_hat_j|i) (B, J, D), its
+    lengths (B, J), and the real model's reconstructions (what a detector reads)."""
+    u_hat, output = primary_votes(model, x)
+    v = squash(u_hat.mean(dim=2))  # (B, J, D)
+    return CapsuleOutput(v.norm(dim=-1), v, output.reconstructions)
+
+
+class VoteSurrogate:
+    """x -> :func:`vote_output` of ``model``: the ``surrogate`` of an Objective."""
+
+    def __init__(self, model: nn.Module):
+        _vote_layer(model)  # fail early, with the reason
+        self.model = model
+
+    def __call__(self, x: torch.Tensor) -> CapsuleOutput:
+        return vote_output(self.model, x)
