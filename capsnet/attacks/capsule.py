@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from capsnet.layers.squash import squash
-from capsnet.models import CapsuleOutput, MatrixCapsuleOutput
+from capsnet.models import CapsuleOutput, MatrixCapsuleOutput, class_scores
 
 # The capsule layers whose input is the primary capsules u (B, I, in_dim), and the
 # method of each that turns u into votes u_hat (B, J, I, D).
@@ -68,3 +68,26 @@ class VoteSurrogate:
 
     def __call__(self, x: torch.Tensor) -> CapsuleOutput:
         return vote_output(self.model, x)
+
+
+@torch.no_grad()
+def diagnosis(model: nn.Module, x: torch.Tensor, x_adv: torch.Tensor,
+              labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the "diagnosis" view shows for clean images x and their adversarial versions
+    x_adv (B, C, H, W), true labels (B,): each image's class scores (B, J), its predicted
+    class (B,), and its reconstructions (B, C, H, W) from the true class's capsule and from
+    the adversarial prediction's capsule (None for models without a decoder), and the
+    images themselves."""
+    adv_class = class_scores_of(model, x_adv).argmax(-1)  # (B,)
+    view = {"labels": labels, "adversarial_class": adv_class, "clean": x, "adversarial": x_adv}
+    for name, images in (("clean", x), ("adversarial", x_adv)):
+        view[f"{name}_scores"] = class_scores_of(model, images)
+        for which, classes in (("true", labels), ("adversarial", adv_class)):
+            output = model(images, classes)
+            view[f"{name}_reconstruction_{which}"] = getattr(output, "reconstructions", None)
+    return view
+
+
+def class_scores_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """(B, J) class scores of images x (B, C, H, W)."""
+    return class_scores(model(x)).float()

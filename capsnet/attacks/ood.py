@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from capsnet.attacks.detection import Detector, auroc
+from capsnet.attacks.detection import Detector, auroc, image_scores
 
 NOISE_STD = 0.3  # Gaussian pixel noise
 BLUR_SIGMA = 1.5  # Gaussian blur, pixels
@@ -51,3 +51,25 @@ def ood_aurocs(detectors: list[Detector], clean: tuple[dict, torch.Tensor],
     return {d.name: auroc(d.normalised(clean_scores[d.name], clean_pred),
                           d.normalised(shifted_scores[d.name], shifted_pred))
             for d in detectors}
+
+
+def ood_row(label: str, model, detectors: list[Detector], clean_images: torch.Tensor,
+            shifted_name: str, shifted_images: torch.Tensor) -> dict:
+    """One row: the AUROC of each detector of ``model`` separating clean test images
+    (N, C, H, W) from ``shifted_images`` (M, C, H, W), both in [0, 1]."""
+    aurocs = ood_aurocs(detectors, image_scores(model, clean_images),
+                        image_scores(model, shifted_images))
+    return {"model": label, "shift": shifted_name, "n_clean": len(clean_images),
+            "n_shifted": len(shifted_images), "auroc": aurocs}
+
+
+def ood_markdown(rows: list[dict]) -> str:
+    """The OOD rows as a Markdown table of AUROCs, one column per detector."""
+    detectors = sorted({d for r in rows for d in r["auroc"]})
+    lines = ["| model | shift | n | " + " | ".join(f"{d} AUROC" for d in detectors) + " |",
+             "|" + "---|" * (3 + len(detectors))]
+    for r in rows:
+        cells = [f"{r['auroc'][d]:.3f}" if d in r["auroc"] else "" for d in detectors]
+        lines.append(f"| {r['model']} | {r['shift']} | {r['n_shifted']} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
