@@ -53,6 +53,15 @@ def random_start(x: torch.Tensor, eps: float, norm: str,
     return direction / _norms(direction) * radius.view(-1, *([1] * (x.dim() - 1)))
 
 
+def input_gradient(loss: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """d(sum of loss)/dx, zero where no path leads from x to the loss (a model that
+    detaches its input masks its gradient; the sanity checks then report it)."""
+    if not loss.requires_grad:
+        return torch.zeros_like(x)
+    grad, = torch.autograd.grad(loss.sum(), x, allow_unused=True)
+    return torch.zeros_like(x) if grad is None else grad
+
+
 def _one_run(objective: Objective, x: torch.Tensor, eps: float, norm: str, steps: int,
              step_size: float, start: bool,
              generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,7 +73,7 @@ def _one_run(objective: Objective, x: torch.Tensor, eps: float, norm: str, steps
     for _ in range(steps):
         x_adv = (x + delta).requires_grad_(True)
         loss, success = objective(x_adv)
-        grad, = torch.autograd.grad(loss.sum(), x_adv)
+        grad = input_gradient(loss, x_adv)
         newly = success & ~fooled  # keep the first iterate that fooled the model
         best = torch.where(newly.view(-1, 1, 1, 1), x_adv.detach(), best)
         fooled |= success
