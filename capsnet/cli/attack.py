@@ -31,11 +31,12 @@ from capsnet.cli.args import add_data_args, add_device_arg, load_cli_test_set
 from capsnet.data.augment import to_model_input
 from capsnet.data.datasets import load_split
 from capsnet.data.model_view import fit_to_model
+from capsnet.data.sources import DataNotFoundError
 from capsnet.data.splits import stratified_split
 from capsnet.devices import pick_device
 from capsnet.experiments.robustness import named_models
 from capsnet.loading import load_model
-from capsnet.training.settings import DEFAULT_VAL_SIZE
+from capsnet.training.settings import validation_size
 
 # The other dataset each digit-like dataset is shown for the out-of-distribution rows.
 OOD_PARTNER = {"mnist": "fashion-mnist", "fashion-mnist": "mnist"}
@@ -87,6 +88,9 @@ def add_parser(subparsers) -> None:
                    help="validation images the thresholds are fit on")
     p.add_argument("--split-seed", type=int, default=0,
                    help="seed of the training run's validation split (capsnet train --seed)")
+    p.add_argument("--val-size", type=int, default=None,
+                   help="size of the training run's validation split (capsnet train "
+                        "--val-size; default: the same default)")
     p.add_argument("--ood", action="store_true",
                    help="out-of-distribution AUROCs: the partner dataset (MNIST <-> "
                         f"Fashion-MNIST) and corruptions ({', '.join(CORRUPTIONS)})")
@@ -105,8 +109,8 @@ def add_parser(subparsers) -> None:
 def _validation_images(args, config, device) -> torch.Tensor:
     """--val-n clean validation images (the training run's split) as the model sees them."""
     train = load_split(args.dataset or config.dataset, "train", args.data_dir, args.download)
-    val_size = min(DEFAULT_VAL_SIZE, len(train) // 10)
-    _, val_idx = stratified_split(train.labels, val_size, args.split_seed)
+    _, val_idx = stratified_split(train.labels, validation_size(args.val_size, len(train)),
+                                  args.split_seed)
     val = fit_to_model(train.subset(val_idx), config)
     pick = seeded_subset(len(val), args.val_n, args.seed)
     return to_model_input(val.images[pick]).to(device)
@@ -117,7 +121,12 @@ def _shifted_sets(args, config, x: torch.Tensor, device) -> dict[str, torch.Tens
     sets = {name: fn(x, generator) for name, fn in CORRUPTIONS.items()}
     partner = OOD_PARTNER.get((args.dataset or config.dataset).lower())
     if partner:
-        other = fit_to_model(load_split(partner, "test", None, args.download), config)
+        try:
+            other = fit_to_model(load_split(partner, "test", None, args.download), config)
+        except DataNotFoundError as exc:
+            print(f"capsnet: {partner} not found, its OOD rows are left out ({exc})",
+                  file=sys.stderr)
+            return sets
         pick = seeded_subset(len(other), len(x), args.seed)
         sets[partner] = to_model_input(other.images[pick]).to(device)
     return sets
