@@ -105,6 +105,9 @@ class CapsNetConfig:
         return self.in_channels * self.image_size**2
 
 
+CNN_DECODERS = ("none", "plain", "class-conditional")
+
+
 @dataclass(frozen=True)
 class CNNConfig:
     """The paper's baseline CNN: three 5x5 conv layers, FC 328, FC 192, dropout.
@@ -123,10 +126,17 @@ class CNNConfig:
     dataset: str = "mnist"  # what the model was trained on (decides how own images are prepared)
     class_names: tuple[str, ...] = ()  # the classes' names, index order; () = "0", "1", ...
     uncropped_size: int | None = None  # trained on crops: the side of the images cut from
+    # A reconstruction decoder fed the last hidden layer (Qin et al. 2020): "none", "plain"
+    # (CNN+R) or "class-conditional" (CNN+CR: the features in the predicted class's slot).
+    decoder: str = "none"
+    decoder_hidden: tuple[int, ...] = (512, 1024)
 
     def __post_init__(self) -> None:
-        _freeze_tuples(self, "conv_channels", "fc_hidden", "class_names")
+        _freeze_tuples(self, "conv_channels", "fc_hidden", "class_names", "decoder_hidden")
         _check_data_fields(self)
+        if self.decoder not in CNN_DECODERS:
+            raise ValueError(f"unknown CNN decoder {self.decoder!r}; choose from "
+                             f"{', '.join(CNN_DECODERS)}")
         if self.feature_grid < 1:
             raise ValueError(f"image size {self.image_size} is too small for "
                              f"{len(self.conv_channels)} poolings by {self.pool}")

@@ -321,3 +321,40 @@ def test_sanity_checks_catch_a_masked_gradient(data):
                                                  AttackSettings(steps=5, queries=100))}
     assert not rows["gradient-free no stronger than PGD (else masking)"]["passed"]
     assert not rows["unbounded attack reaches 100%"]["passed"]
+
+
+# ---- CNN baselines with a decoder (Qin et al. 2020) -----------------------------------------
+
+def test_cnn_decoders_leave_the_plain_cnn_unchanged_and_reconstruct(data):
+    from capsnet.models import CNNOutput
+
+    x, y = data
+    plain = build_model(make_config("cnn", "tiny"))
+    torch.manual_seed(0)
+    with_r = build_model(make_config("cnn", "tiny", decoder="plain"))
+    assert set(plain.state_dict()) < set(with_r.state_dict())
+    assert all(k.startswith("decoder.") for k in set(with_r.state_dict()) - set(plain.state_dict()))
+    with_r.load_state_dict({**with_r.state_dict(), **plain.state_dict()})
+    plain.eval(), with_r.eval()
+    out = with_r(x)
+    assert isinstance(out, CNNOutput) and torch.equal(out.logits, plain(x))
+    assert out.reconstructions.shape == x.shape
+    cr = build_model(make_config("cnn", "tiny", decoder="class-conditional")).eval()
+    assert not torch.allclose(cr(x, y).reconstructions, cr(x, (y + 1) % 10).reconstructions)
+    with pytest.raises(ValueError, match="choose from none, plain, class-conditional"):
+        make_config("cnn", decoder="conditional")
+
+
+def test_cnn_cr_trains_with_the_reconstruction_loss_and_gets_reconstruction_detectors(data):
+    from capsnet.losses import model_loss
+
+    x, y = data
+    model = trained("cnn", decoder="class-conditional")
+    out = model(x, y)
+    ce = torch.nn.functional.cross_entropy(out.logits, y)
+    assert model_loss(out, x, y) > ce
+    assert float((predict(model, x) == y).float().mean()) == 1.0
+    names = [d.name for d in fit_detectors(model, fake_digits(100, seed=3)[0])]
+    assert names[:2] == ["reconstruction", "class-reconstruction"]
+    x_adv, _ = run_attack("reconstructive", model, x[:4], y[:4], 0.3, AttackSettings(steps=3))
+    assert not torch.equal(x_adv, x[:4])

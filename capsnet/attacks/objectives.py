@@ -33,7 +33,7 @@ def attack_scores(output) -> torch.Tensor:
     """(B, J) float32 scores the attack losses read: capsule lengths or CNN logits."""
     if isinstance(output, CapsuleOutput):
         return output.lengths.float()
-    return output.float()
+    return getattr(output, "logits", output).float()  # CNN, with or without a decoder
 
 
 def margin_attack_loss(output, labels: torch.Tensor, targeted: bool) -> torch.Tensor:

@@ -7,7 +7,7 @@ import sys
 
 from torch import nn
 
-from capsnet.config import INPUT_NORMS, PRESETS
+from capsnet.config import CNN_DECODERS, INPUT_NORMS, PRESETS
 from capsnet.data.datasets import DATASET_NAMES
 from capsnet.data.folder import FolderDatasetError, format_skipped_warning
 from capsnet.data.idx import IDXError
@@ -159,6 +159,9 @@ def add_recipe_args(p: argparse.ArgumentParser,
     p.add_argument("--routing-iterations", type=int, default=DEFAULTS.routing_iterations)
     p.add_argument("--reconstruction-weight", type=float, default=DEFAULTS.reconstruction_weight,
                    help="0 trains CapsNet without the decoder")
+    p.add_argument("--cnn-decoder", default=DEFAULTS.cnn_decoder, choices=CNN_DECODERS,
+                   help="--model cnn: a reconstruction decoder fed the last hidden layer, "
+                        "'plain' (CNN+R) or 'class-conditional' (CNN+CR; Qin et al. 2020)")
     add_image_args(p)
     p.add_argument("--subset", type=int, default=None,
                    help="train on the first N images of the training pool")

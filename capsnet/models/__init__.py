@@ -6,7 +6,7 @@ from torch import nn
 
 from capsnet.config import CapsNetConfig, CNNConfig, EfficientCapsNetConfig, EMCapsNetConfig
 from capsnet.models.capsnet import CapsNet, CapsuleOutput
-from capsnet.models.cnn_baseline import CNNBaseline
+from capsnet.models.cnn_baseline import CNNBaseline, CNNOutput
 from capsnet.models.efficient_capsnet import EfficientCapsNet
 from capsnet.models.em_capsnet import EMCapsNet, MatrixCapsuleOutput
 
@@ -37,6 +37,8 @@ def class_scores(output) -> torch.Tensor:
     """Per-class scores (B, J) of any model's output: capsule lengths or softmax probabilities."""
     if isinstance(output, CapsuleOutput):
         return output.lengths
+    if isinstance(output, CNNOutput):
+        output = output.logits
     return torch.softmax(output.float(), dim=-1)
 
 
@@ -50,6 +52,6 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["CapsNet", "CapsuleOutput", "CNNBaseline", "EfficientCapsNet", "EMCapsNet",
+__all__ = ["CapsNet", "CapsuleOutput", "CNNBaseline", "CNNOutput", "EfficientCapsNet", "EMCapsNet",
            "MatrixCapsuleOutput", "MODELS", "build_model", "class_scores", "count_parameters",
            "model_name_of", "unwrap"]

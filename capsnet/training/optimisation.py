@@ -89,7 +89,8 @@ def build_training(settings: TrainSettings, overrides: dict, device: torch.devic
     config = make_config(settings.model, settings.preset, **overrides,
                          routing=settings.routing,
                          routing_iterations=settings.routing_iterations,
-                         use_decoder=settings.reconstruction_weight > 0)
+                         use_decoder=settings.reconstruction_weight > 0,
+                         decoder=settings.cnn_decoder)
     model = build_model(config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
     scheduler, per_step = make_scheduler(optimizer, settings, steps_per_epoch)

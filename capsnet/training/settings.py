@@ -39,6 +39,7 @@ class TrainSettings:
     routing: str = "dynamic"  # CapsNet: the routing algorithm (capsnet.layers.router.ROUTERS)
     routing_iterations: int = 3
     reconstruction_weight: float = 0.0005  # 0 trains CapsNet without its decoder
+    cnn_decoder: str = "none"  # CNN: 'plain' (CNN+R) or 'class-conditional' (CNN+CR) decoder
     augment: str | None = None  # 'shift' (max_shift) or 'efficient' (Efficient-CapsNet's)
     max_shift: int | None = None  # 'shift': random translations of up to this many pixels
     crop: int | None = None  # random crops in training (instead of shifts), centre crop to evaluate
