@@ -5,8 +5,8 @@ start and restarts.
 Every attack here takes an :class:`~capsnet.attacks.threat.Objective`: a function of the
 adversarial images (B, C, H, W) that returns the per-example loss to maximise (B,) and
 whether each example already fools the attacked model (B,) bool. An example counts as
-adversarial when any iterate fooled the model: that iterate is kept, the others end at the
-last one. Pixels stay in [0, 1].
+adversarial when any iterate fooled the model; it ends at the last iterate when that one
+fools it (the most confident), else at the latest that did. Pixels stay in [0, 1].
 """
 from __future__ import annotations
 
@@ -65,24 +65,25 @@ def input_gradient(loss: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def _one_run(objective: Objective, x: torch.Tensor, eps: float, norm: str, steps: int,
              step_size: float, start: bool,
              generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One projected-gradient run from x (B, C, H, W): (adversarial images, fooled (B,))."""
+    """One projected-gradient run from x (B, C, H, W): (adversarial images, fooled (B,)).
+    Each image ends at the last iterate, or, where that one does not fool the model, at the
+    latest iterate that did (the last is the most confident: the loss keeps rising)."""
     delta = random_start(x, eps, norm, generator) if start else torch.zeros_like(x)
     delta = (x + delta).clamp(0, 1) - x
-    best = x + delta
+    latest_fooling = x + delta
     fooled = torch.zeros(len(x), dtype=torch.bool, device=x.device)
     for _ in range(steps):
         x_adv = (x + delta).requires_grad_(True)
         loss, success = objective(x_adv)
         grad = input_gradient(loss, x_adv)
-        newly = success & ~fooled  # keep the first iterate that fooled the model
-        best = torch.where(newly.view(-1, 1, 1, 1), x_adv.detach(), best)
+        latest_fooling = torch.where(success.view(-1, 1, 1, 1), x_adv.detach(), latest_fooling)
         fooled |= success
         delta = project(delta + ascent_step(grad, step_size, norm), eps, norm)
         delta = (x + delta).clamp(0, 1) - x
     with torch.no_grad():
         _, success = objective(x + delta)
-    last = ~fooled
-    best = torch.where(last.view(-1, 1, 1, 1), x + delta, best)
+    keep_last = success | ~fooled
+    best = torch.where(keep_last.view(-1, 1, 1, 1), x + delta, latest_fooling)
     return best, fooled | success
 
 
