@@ -27,7 +27,8 @@ DIAGNOSIS_PANELS = 5  # image, reconstruction (true), reconstruction (adversaria
 
 
 def accuracy_eps_figure(rows: Sequence[dict], path: str | os.PathLike, title: str = "") -> Path:
-    """Robust accuracy against eps, one line per model and attack (and loss)."""
+    """Robust accuracy against eps, one line per model and attack (and loss), starting
+    from the clean accuracy at eps 0."""
     fig = Figure(figsize=CURVE_INCHES)
     ax = fig.subplots()
     curves: dict[str, list[dict]] = {}
@@ -35,8 +36,9 @@ def accuracy_eps_figure(rows: Sequence[dict], path: str | os.PathLike, title: st
         curves.setdefault(f"{r['model']}: {r['attack']} ({r['loss']})", []).append(r)
     for label, mine in curves.items():
         mine = sorted(mine, key=lambda r: r["eps"])
-        ax.plot([r["eps"] for r in mine], [PERCENT * r["robust_accuracy"] for r in mine],
-                marker="o", label=label)
+        eps = [0.0] + [r["eps"] for r in mine]  # eps 0: the clean accuracy
+        accuracy = [mine[0]["clean_accuracy"]] + [r["robust_accuracy"] for r in mine]
+        ax.plot(eps, [PERCENT * a for a in accuracy], marker="o", label=label)
     ax.set_xlabel("eps (L-inf or L2, as the attack's norm)")
     ax.set_ylabel("robust accuracy (%)")
     ax.set_ylim(0, PERCENT)
