@@ -62,3 +62,11 @@ def test_unknown_attack_is_one_line_naming_the_choices(checkpoint, tiny_mnist_di
     assert attack([str(checkpoint), "--attack", "deepfool", "--n", "4"], tiny_mnist_dir,
                   tmp_path) == 1
     assert "unknown attack 'deepfool'; choose from fgsm, bim, pgd" in last_error_line(capsys)
+
+
+def test_help_names_every_attack(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["attack", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("fgsm", "pgd-l2", "cw-l2", "square", "vote-detect"))

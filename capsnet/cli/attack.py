@@ -83,7 +83,7 @@ def add_parser(subparsers) -> None:
                    help="transfer attack: craft the adversarial images on this model")
     p.add_argument("--detector", action="store_true",
                    help="detection columns (S_d, TPR, AUROC) with thresholds at "
-                        f"{DETECTION_FPR:.0%} FPR fit on clean validation images")
+                        f"{100 * DETECTION_FPR:g}%% FPR fit on clean validation images")
     p.add_argument("--val-n", type=int, default=1000,
                    help="validation images the thresholds are fit on")
     p.add_argument("--split-seed", type=int, default=0,
