@@ -358,3 +358,16 @@ def test_cnn_cr_trains_with_the_reconstruction_loss_and_gets_reconstruction_dete
     assert names[:2] == ["reconstruction", "class-reconstruction"]
     x_adv, _ = run_attack("reconstructive", model, x[:4], y[:4], 0.3, AttackSettings(steps=3))
     assert not torch.equal(x_adv, x[:4])
+
+
+def test_routing_gradient_last_keeps_the_training_graph_and_the_outputs(data):
+    x, _ = data
+    torch.manual_seed(0)
+    model = build_model(make_config("capsnet", **TINY_CAPSNET))
+    full = prepare_for_attack(model)
+    with torch.no_grad():
+        full_out = full(x).lengths
+    last = prepare_for_attack(model, full_routing_gradient=False)
+    assert not any(m.full_graph for m in last.modules() if hasattr(m, "full_graph"))
+    with torch.no_grad():
+        assert torch.equal(last(x).lengths, full_out)

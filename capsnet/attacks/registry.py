@@ -31,6 +31,7 @@ class AttackSettings:
     cw_steps: int = CW_STEPS
     cw_search_steps: int = CW_SEARCH_STEPS
     reconstruction_weight: float = RECONSTRUCTIVE_WEIGHT
+    routing_gradient: str = "full"  # how the model was prepared (prepare_for_attack), recorded
 
 
 DEFAULT_SETTINGS = AttackSettings()

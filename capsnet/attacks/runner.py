@@ -35,6 +35,8 @@ def row_file(out_dir: Path, model: str, attack: str, eps: float, settings: Attac
     parts = [model, attack, settings.loss, f"eps{eps:g}", f"k{settings.steps}",
              f"r{settings.restarts}", f"n{n}-seed{settings.seed}"]
     parts += ["targeted"] * settings.targeted + ([f"from-{source}"] if source else [])
+    parts += [f"routing-gradient-{settings.routing_gradient}"] * (settings.routing_gradient
+                                                                  != "full")
     slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", "__".join(parts))
     return out_dir / ROWS_DIR / f"{slug}.json"
 
@@ -63,6 +65,7 @@ def attack_row(label: str, model: nn.Module, attack: str, eps: float, x: torch.T
     row = {"model": label, "attack": attack, "norm": attack_spec(attack).norm, "eps": eps,
            "loss": settings.loss, "steps": settings.steps, "restarts": settings.restarts,
            "targeted": settings.targeted, "source": source_label, "n": len(y),
+           "routing_gradient": settings.routing_gradient,
            "seed": settings.seed,
            "clean_accuracy": float(attacked.float().mean()),
            "robust_accuracy": float((adv_pred == y).float().mean()),

@@ -17,19 +17,20 @@ from capsnet.attacks.objectives import AttackLoss, reconstruction_error
 from capsnet.models import class_scores
 
 
-def prepare_for_attack(model: nn.Module) -> nn.Module:
+def prepare_for_attack(model: nn.Module, full_routing_gradient: bool = True) -> nn.Module:
     """The model in eval mode, float32 (``compute_dtype`` None: no autocast), with its
     parameters frozen (attacks need input gradients only) and gradients through every
     routing iteration: dynamic routing trains with the earlier iterations' couplings
     detached (``full_graph`` False), which would hide part of the input gradient from an
-    attack; the outputs are the same. Returns the same module."""
+    attack; the outputs are the same (``full_routing_gradient`` False keeps the training
+    graph, to measure what the detached path costs an attack). Returns the same module."""
     model.eval()
     if hasattr(model, "compute_dtype"):
         model.compute_dtype = None
     model.requires_grad_(False)
     for module in model.modules():
         if hasattr(module, "full_graph"):
-            module.full_graph = True
+            module.full_graph = full_routing_gradient
     return model
 
 

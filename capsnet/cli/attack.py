@@ -76,6 +76,10 @@ def add_parser(subparsers) -> None:
                         "best other class score minus the true one)")
     p.add_argument("--targeted", action="store_true",
                    help="aim at a seeded random other class instead of any wrong class")
+    p.add_argument("--routing-gradient", default="full", choices=["full", "last"],
+                   help="gradients through every routing iteration (full, the default) or "
+                        "through the last only, as dynamic routing trains (last: to see what "
+                        "the detached path hides from an attack)")
     p.add_argument("--queries", type=int, default=s.queries, help="Square's queries per image")
     p.add_argument("--n", type=int, default=100, help="test images attacked (seeded subset)")
     p.add_argument("--seed", type=int, default=0, help="seed of the subset, starts and targets")
@@ -136,18 +140,20 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     log = (lambda text: print(text, file=sys.stderr)) if args.json else print
     device = pick_device(args.device)
     sources = args.checkpoints or [None]
-    models = [prepare_for_attack(load_model(path, device)) for path in sources]
+    full_graph = args.routing_gradient == "full"
+    models = [prepare_for_attack(load_model(path, device), full_graph) for path in sources]
     named = named_models([path or "weights/shipped" for path in sources], models, args.labels)
     config = models[0].config
     test = load_cli_test_set(args, config)
     pick = seeded_subset(len(test), args.n, args.seed)
     x, y = to_model_input(test.images[pick]).to(device), test.labels[pick].to(device)
     settings = AttackSettings(steps=args.steps, restarts=args.restarts, loss=args.loss,
-                              targeted=args.targeted, seed=args.seed, queries=args.queries)
+                              targeted=args.targeted, seed=args.seed, queries=args.queries,
+                              routing_gradient=args.routing_gradient)
     source = None
     if args.source:
         source = (f"{Path(args.source).resolve().parent.name}",
-                  prepare_for_attack(load_model(args.source, device)))
+                  prepare_for_attack(load_model(args.source, device), full_graph))
     detectors = None
     out = Path(args.out_dir)
     if args.detector or args.ood:
