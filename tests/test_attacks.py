@@ -192,7 +192,11 @@ def test_votes_are_the_capsule_layers_own_predictions(capsnet, data):
         expected = torch.einsum("ijdk,bik->bjid", capsnet.digit_caps.W, u)
     assert torch.allclose(u_hat, expected, atol=1e-5)
     surrogate = vote_output(capsnet, x)
-    assert torch.allclose(surrogate.lengths, squash(expected.mean(dim=2)).norm(dim=-1), atol=1e-5)
+    J = expected.shape[1]
+    s = expected.sum(dim=2) / J  # uniform couplings 1/J: the first routing iteration's s
+    assert torch.allclose(surrogate.lengths, squash(s).norm(dim=-1), atol=1e-5)
+    assert torch.equal(surrogate.lengths.argmax(-1),
+                       squash(expected.mean(dim=2)).norm(dim=-1).argmax(-1))
     assert torch.equal(surrogate.reconstructions, output.reconstructions)
 
 

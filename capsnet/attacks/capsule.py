@@ -52,10 +52,16 @@ def primary_votes(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, obje
 
 
 def vote_output(model: nn.Module, x: torch.Tensor) -> CapsuleOutput:
-    """The vote attack's surrogate output: v_j = squash(mean_i u_hat_j|i) (B, J, D), its
-    lengths (B, J), and the real model's reconstructions (what a detector reads)."""
-    u_hat, output = primary_votes(model, x)
-    v = squash(u_hat.mean(dim=2))  # (B, J, D)
+    """The vote attack's surrogate output: v_j = squash(sum_i u_hat_j|i / J) (B, J, D), its
+    lengths (B, J), and the real model's reconstructions (what a detector reads).
+
+    The votes' mean is taken at the scale of the first routing iteration (uniform
+    couplings c_ij = 1/J, so s_j = (I / J) mean_i u_hat_j|i): a positive factor changes no
+    prediction, but the plain mean of the shipped CapsNet's 1152 votes has lengths near
+    1e-4, too small beside the reconstructive term of the detection-aware attack."""
+    u_hat, output = primary_votes(model, x)  # (B, J, I, D)
+    J = u_hat.shape[1]
+    v = squash(u_hat.sum(dim=2) / J)  # (B, J, D)
     return CapsuleOutput(v.norm(dim=-1), v, output.reconstructions)
 
 
