@@ -375,3 +375,19 @@ def test_routing_gradient_last_keeps_the_training_graph_and_the_outputs(data):
     assert not any(m.full_graph for m in last.modules() if hasattr(m, "full_graph"))
     with torch.no_grad():
         assert torch.equal(last(x).lengths, full_out)
+
+
+@pytest.mark.parametrize("model_name", ["capsnet", "cnn", "efficient", "em"])
+def test_input_gradients_reach_every_model(model_name, data):
+    """Every model gives a non-zero input gradient in float32 (no detached path), and the
+    vote attack runs on Efficient-CapsNet's capsule layer too."""
+    torch.manual_seed(0)
+    model = prepare_for_attack(build_model(make_config(model_name, "small")))
+    x, y = data
+    x = x[:2].clone().requires_grad_(True)
+    loss, _ = Objective(model, y[:2], attack_loss("cw"))(x)
+    grad, = torch.autograd.grad(loss.sum(), x)
+    assert loss.dtype == torch.float32 and grad.abs().sum() > 0
+    if model_name == "efficient":
+        x_adv, _ = run_attack("vote", model, x.detach(), y[:2], 0.1, AttackSettings(steps=2))
+        assert not torch.equal(x_adv, x.detach())
