@@ -66,12 +66,16 @@ def spread_loss(activations: torch.Tensor, targets: torch.Tensor,
 def model_loss(output, images: torch.Tensor, labels: torch.Tensor,
                reconstruction_weight: float = RECONSTRUCTION_WEIGHT,
                run_fraction: float = 1.0) -> torch.Tensor:
-    """The training loss of any model: cross-entropy for logits; for capsule outputs the
+    """The training loss of any model: cross-entropy for logits (plus the weighted
+    reconstruction loss for a CNN with a decoder); for capsule outputs the
     loss their type names (``loss_name``): the spread loss for matrix capsules (its margin
     at ``run_fraction`` of the run; 1, the final margin, outside training), else CapsNet's
     margin and reconstruction loss."""
     if isinstance(output, torch.Tensor):
         return F.cross_entropy(output.float(), labels)
+    if hasattr(output, "logits"):  # a CNN with a decoder (models.cnn_baseline.CNNOutput)
+        loss = F.cross_entropy(output.logits.float(), labels)
+        return loss + reconstruction_weight * reconstruction_loss(output.reconstructions, images)
     if getattr(output, "loss_name", "margin") == "spread":  # models.em_capsnet
         return spread_loss(output.activations.float(), labels, spread_margin(run_fraction))
     return capsule_loss(output, images, labels, reconstruction_weight)

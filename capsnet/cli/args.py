@@ -18,6 +18,7 @@ from capsnet.data.sources import DataNotFoundError
 from capsnet.devices import pick_device, tune_backends
 from capsnet.extras import MissingExtraError
 from capsnet.layers.gemm_conv import CONV_IMPLS
+from capsnet.models.cnn_baseline import CNN_DECODERS
 from capsnet.models.precision import PRECISIONS
 from capsnet.models.registry import MODELS, preset_names
 from capsnet.routing import capsnet_routers
@@ -147,6 +148,9 @@ def add_recipe_args(p: argparse.ArgumentParser, models: tuple[str, ...] | None =
                    help="CapsNet with an iterative router, and EM (default: 3)")
     p.add_argument("--reconstruction-weight", type=float, default=DEFAULTS.reconstruction_weight,
                    help="0 trains CapsNet without the decoder")
+    p.add_argument("--cnn-decoder", default=DEFAULTS.cnn_decoder, choices=CNN_DECODERS,
+                   help="--model cnn: a reconstruction decoder fed the last hidden layer, "
+                        "'plain' (CNN+R) or 'class-conditional' (CNN+CR; Qin et al. 2020)")
     add_image_args(p)
     p.add_argument("--subset", type=int, default=None,
                    help="train on the first N images of the training pool")

@@ -14,7 +14,7 @@ from capsnet.devices import keep_freed_memory
 COMMANDS = [
     "train", "evaluate", "repeat",  # training and honest evaluation
     "predict", "reconstruct", "manipulate", "routing", "plot", "serve",  # using a trained model
-    "robustness", "affnist", "multimnist",  # beyond plain accuracy
+    "robustness", "affnist", "multimnist", "attack",  # beyond plain accuracy
     "export",  # deployment
 ]
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from capsnet.models.capsnet import CapsNet, CapsNetConfig, CapsuleOutput
-from capsnet.models.cnn_baseline import CNNBaseline, CNNConfig
+from capsnet.models.cnn_baseline import CNNBaseline, CNNConfig, CNNOutput
 from capsnet.models.efficient_capsnet import EfficientCapsNet, EfficientCapsNetConfig
 from capsnet.models.em_capsnet import EMCapsNet, EMCapsNetConfig, MatrixCapsuleOutput
 from capsnet.models.entry import ClassRouting, ModelEntry
@@ -30,6 +30,8 @@ def class_scores(output) -> torch.Tensor:
         return output.lengths
     if isinstance(output, MatrixCapsuleOutput):
         return output.activations
+    if isinstance(output, CNNOutput):
+        output = output.logits
     return torch.softmax(output.float(), dim=-1)
 
 
@@ -44,7 +46,7 @@ def count_parameters(model: nn.Module) -> int:
 
 
 __all__ = ["CapsNet", "CapsNetConfig", "CNNConfig", "EfficientCapsNetConfig", "EMCapsNetConfig",
-           "CapsuleOutput", "ClassRouting", "CNNBaseline", "EfficientCapsNet",
+           "CapsuleOutput", "ClassRouting", "CNNBaseline", "CNNOutput", "EfficientCapsNet",
            "EMCapsNet", "MatrixCapsuleOutput", "MODELS", "ModelEntry", "PRESET_CROPS",
            "build_model", "class_scores", "config_from_dict", "count_parameters",
            "entry_of", "make_config", "model_entry",

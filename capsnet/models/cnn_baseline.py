@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from capsnet.config import DataConfig
-from capsnet.layers import GemmConv2d, full_precision
+from capsnet.layers import Decoder, GemmConv2d, full_precision
 from capsnet.models.entry import ModelEntry
 from capsnet.models.precision import autocast_to
+
+CNN_DECODERS = ("none", "plain", "class-conditional")
 
 
 @dataclass(frozen=True)
@@ -24,9 +27,16 @@ class CNNConfig(DataConfig):
     pool: int = 1
     fc_hidden: tuple[int, ...] = (328, 192)
     dropout: float = 0.5
+    # A reconstruction decoder fed the last hidden layer (Qin et al. 2020): "none", "plain"
+    # (CNN+R) or "class-conditional" (CNN+CR: the features in the predicted class's slot).
+    decoder: str = "none"
+    decoder_hidden: tuple[int, ...] = (512, 1024)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.decoder not in CNN_DECODERS:
+            raise ValueError(f"unknown CNN decoder {self.decoder!r}; choose from "
+                             f"{', '.join(CNN_DECODERS)}")
         if self.feature_grid < 1:
             raise ValueError(f"image size {self.image_size} is too small for "
                               f"{len(self.conv_channels)} poolings by {self.pool}")
@@ -35,6 +45,13 @@ class CNNConfig(DataConfig):
     def feature_grid(self) -> int:
         """Side of the last convolution's output (the image's side without pooling)."""
         return self.image_size // self.pool ** len(self.conv_channels)
+
+
+class CNNOutput(NamedTuple):
+    """The output of a CNN with a reconstruction decoder (``config.decoder`` not "none")."""
+
+    logits: torch.Tensor  # (B, classes)
+    reconstructions: torch.Tensor  # (B, C, H, W)
 
 
 class CNNBaseline(nn.Module):
@@ -61,12 +78,30 @@ class CNNBaseline(nn.Module):
             fcs += [nn.Linear(n_in, n_out), nn.ReLU(inplace=True)]
         self.classifier = nn.Sequential(*fcs, nn.Dropout(cfg.dropout),
                                         nn.Linear(sizes[-1], cfg.num_classes))
+        self.decoder = None
+        if cfg.decoder != "none":  # Qin et al. 2020: CNN+R, CNN+CR
+            slots = cfg.num_classes if cfg.decoder == "class-conditional" else 1
+            self.decoder = Decoder(slots, sizes[-1], cfg.decoder_hidden,
+                                   (cfg.in_channels, cfg.image_size, cfg.image_size))
         self.compute_dtype: torch.dtype | None = None
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor,
+                labels: torch.Tensor | None = None) -> torch.Tensor | CNNOutput:
+        """Logits (B, classes); with a decoder a :class:`CNNOutput`, whose reconstruction is
+        fed the last hidden layer (class-conditional: in the slot of ``labels``, else of the
+        predicted class)."""
         with autocast_to(x.device, self.compute_dtype):
             h = self.features(x)  # (B, 128, 28, 28)
-            return full_precision(self.classifier(h.flatten(1)))  # (B, 10)
+            hidden = self.classifier[:-1](h.flatten(1))  # (B, 192)
+            logits = full_precision(self.classifier[-1](hidden))  # (B, 10)
+            if self.decoder is None:
+                return logits
+            keep = labels if labels is not None else logits.argmax(dim=-1)  # (B,)
+            if self.config.decoder == "class-conditional":
+                poses = hidden.unsqueeze(1).expand(-1, self.config.num_classes, -1)  # (B, J, 192)
+            else:  # one slot, always kept
+                poses, keep = hidden.unsqueeze(1), torch.zeros_like(keep)  # (B, 1, 192)
+            return CNNOutput(logits, full_precision(self.decoder(poses, keep)))
 
 
 ENTRY = ModelEntry(

@@ -33,6 +33,7 @@ class TrainSettings:
     routing: str | None = None  # CapsNet: the routing algorithm (capsnet.routing.ROUTERS)
     routing_iterations: int | None = None
     reconstruction_weight: float = 0.0005  # 0 trains CapsNet without its decoder
+    cnn_decoder: str | None = None  # CNN: 'plain' (CNN+R) or 'class-conditional' (CNN+CR) decoder
     augment: str | None = None  # 'shift' (max_shift) or 'efficient' (Efficient-CapsNet's)
     max_shift: int | None = None  # 'shift': random translations of up to this many pixels
     crop: int | None = None  # random crops in training (instead of shifts), centre crop to evaluate
@@ -79,7 +80,8 @@ class TrainSettings:
         """The model's config options these settings name (not left to the preset)."""
         options = {"routing": self.routing, "routing_iterations": self.routing_iterations,
                    "input_norm": None if self.input_norm == "auto" else self.input_norm,
-                   "conv1_stride": None if self.conv1_stride == "auto" else int(self.conv1_stride)}
+                   "conv1_stride": None if self.conv1_stride == "auto" else int(self.conv1_stride),
+                   "decoder": self.cnn_decoder}
         return {name: value for name, value in options.items() if value is not None}
 
     def to_dict(self) -> dict:
