@@ -27,7 +27,7 @@ from capsnet.losses import model_loss
 
 GIB = 2**30
 MIB = 2**20
-PROBE_BATCHES = (2, 4)  # two small batches: the peak's fixed part and its part per image
+PROBE_BATCHES = (8, 16)  # two small batches: the fixed part and the part per image
 ADAM_MOMENTS = 2  # Adam keeps two tensors the size of each parameter
 # Of a GPU's memory, the share torch's caching allocator can use (fragmentation), and what
 # the CUDA context and libraries take outside it.
