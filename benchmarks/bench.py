@@ -15,11 +15,11 @@ cases:
 - ``capsnet``: what ``capsnet train`` runs with its defaults: the plan measured for this
   machine (precision and each convolution's implementation, ``capsnet.tuning``);
 - ``capsnet-<precision>-<path>``: capsnet forced to one precision and one convolution path;
-- on GPUs, ``capsnet-compile``: the measured plan under ``torch.compile``; on request
+- on GPUs, ``capsnet-compile``: the rule's plan under ``torch.compile``; on request
   (``--cases``), ``capsnet-cudagraphs``: the same compiled with CUDA graphs
   (``mode="reduce-overhead"``).
 
-It prints the CPU model and flags (or the GPU), the measured plan, images/s for a training
+It prints the CPU model and flags (or the GPU), the rule's plan, images/s for a training
 step (forward, backward, Adam) and for inference, ratios against both references and
 against the fastest forced path, and each case's peak memory (GPU: max allocated; CPU:
 peak resident set of its process). Every case runs under the same process settings
@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from capsnet.devices import pick_device, tune_backends  # noqa: E402
+from capsnet.devices import pick_device, synchronize, tune_backends  # noqa: E402
 from capsnet.layers.gemm_conv import CONV_IMPLS  # noqa: E402
 from capsnet.models.precision import PRECISIONS  # noqa: E402
 from capsnet.tuning import (  # noqa: E402
@@ -48,10 +48,8 @@ from capsnet.tuning import (  # noqa: E402
     choose_plan,
     conv_layers,
     cpu_info,
-    low_precisions,
     native_bf16,
 )
-from capsnet.tuning.timing import synchronize  # noqa: E402
 
 REFERENCES = ("seed-style", "broadcast-style")
 # torch.compile modes of the compiled cases; 'reduce-overhead' replays CUDA graphs (GPU only,
@@ -76,7 +74,7 @@ def cases_for(device: torch.device, skip_reference: bool = False) -> list[str]:
     cases = [] if skip_reference else list(REFERENCES)
     cases.append("capsnet")
     impls = CONV_IMPLS if device.type == "cpu" else CONV_IMPLS[1:]
-    precisions = case_precisions(device.type, low_precisions(device))
+    precisions = case_precisions(device.type, ["bf16"] if native_bf16(device) else [])
     cases += [f"capsnet-{p}-{impl}" for p in precisions for impl in impls]
     if device.type == "cuda":
         cases.append("capsnet-compile")
@@ -84,7 +82,7 @@ def cases_for(device: torch.device, skip_reference: bool = False) -> list[str]:
 
 
 def plan_for_case(case: str, model, device: torch.device, batch: int) -> SpeedPlan:
-    """The measured plan for 'capsnet' (and its compiled cases); the forced one otherwise."""
+    """The rule's plan for 'capsnet' (and its compiled cases); the forced one otherwise."""
     parts = case.split("-")
     if len(parts) == 3 and parts[1] in PRECISIONS:
         precision, impl = parts[1], "-".join(parts[2:])
@@ -270,7 +268,7 @@ def print_table(results: dict, device: torch.device, batch: int) -> None:
           f"torch {torch.__version__}; batch {batch}")
     plan = results.get("capsnet", {}).get("plan")
     if plan:
-        print(f"capsnet's measured plan: {SpeedPlan.from_dict(plan).describe()}")
+        print(f"capsnet's plan: {SpeedPlan.from_dict(plan).describe()}")
     refs = {r: results[r] for r in REFERENCES if r in results}
     forced = [r for c, r in results.items() if c.count("-") >= 2 and c.startswith("capsnet-")]
     best_forced = max((r["train_images_per_s"] for r in forced), default=None)

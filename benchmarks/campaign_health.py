@@ -14,15 +14,14 @@ import torch
 
 from benchmarks.memory_check import measured_peak
 from capsnet.config import make_config
-from capsnet.devices import tune_backends
+from capsnet.devices import synchronize, tune_backends
 from capsnet.losses import model_loss
 from capsnet.models import build_model
 from capsnet.models.precision import grad_scaler_for
 from capsnet.training.loop import backward_and_step
 from capsnet.training.settings import TrainSettings
-from capsnet.tuning import apply_plan, choose_plan, cpu_info, low_precisions
-from capsnet.tuning.memory import GIB, estimate_training_memory
-from capsnet.tuning.timing import synchronize
+from capsnet.tuning import apply_plan, choose_plan, cpu_info, native_bf16
+from capsnet.tuning.memory import GIB, measure_training_memory
 
 MIB = 2**20
 
@@ -30,7 +29,7 @@ MIB = 2**20
 def device_facts(device: torch.device) -> dict:
     """What the device is: name, capability, versions, native 16-bit precisions, memory."""
     facts = {"device": str(device), "torch": str(torch.__version__),
-             "low_precisions": low_precisions(device)}
+             "low_precisions": ["bf16"] if native_bf16(device) else []}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         facts.update(name=props.name, capability=list(torch.cuda.get_device_capability(device)),
@@ -79,13 +78,12 @@ def health_check(device: torch.device, settings: TrainSettings, batch: int,
                        conv_impl=settings.conv_impl)
     apply_plan(model, plan)
     seconds = timed_steps(model, device, batch, steps)
-    estimate = estimate_training_memory(config, batch, plan.precision, plan.conv_impls,
-                                        device.type)
     if device.type == "cuda":
         measured, how = torch.cuda.max_memory_allocated(device), "max_memory_allocated"
     else:
         measured = measured_peak(config, batch, plan.precision, plan.conv_impls)
         how = "live CPU tensors"
+    estimate = measure_training_memory(model, batch)  # after: it resets the CUDA peak
     record.update(preset=settings.preset, batch=batch, plan=plan.describe(),
                   precision=plan.precision, conv_impls=plan.conv_impls,
                   step_ms=round(1000 * seconds, 2), images_per_second=round(batch / seconds, 1),

@@ -11,7 +11,7 @@ Stages (each resumable: call it again and it continues from --work; done runs ar
 
   bench       training-step and inference speed at batch 128 (benchmarks/bench.py): the
               references, fp32 and the native 16-bit precision on each convolution path,
-              the measured plan ('capsnet'), torch.compile and (GPU) CUDA graphs; peak
+              the rule's plan ('capsnet'), torch.compile and (GPU) CUDA graphs; peak
               memory (GPU); and two full MNIST training epochs (55,000 images, batch 128)
               with the default plan, by `fit`: the second is the one reported (the first
               pays for cuDNN's autotuning and the allocator's growth; goal: under 10 s on
@@ -264,7 +264,7 @@ def bench_memory(c: Campaign, cases: dict) -> dict:
 
 
 def bench_cuda_graphs(c: Campaign) -> dict:
-    """The measured plan compiled with CUDA graphs against it uncompiled, one run."""
+    """The rule's plan compiled with CUDA graphs against it uncompiled, one run."""
     try:
         timed = bench.time_cases(["capsnet", "capsnet-cudagraphs"],
                                  Namespace(batch_size=128, warmup=3, repeats=20), c.device)

@@ -55,7 +55,7 @@ from benchmarks.make_study_sets import STUDY_SETS  # noqa: E402
 from benchmarks.time_to_accuracy import machine_line, run_row  # noqa: E402
 from capsnet.data.model_view import load_test_set  # noqa: E402
 from capsnet.data.transforms import AffineRanges  # noqa: E402
-from capsnet.devices import pick_device  # noqa: E402
+from capsnet.devices import pick_device, synchronize  # noqa: E402
 from capsnet.experiments import TEST_SEED  # noqa: E402
 from capsnet.experiments.robustness import NamedModel, affine_rows  # noqa: E402
 from capsnet.inference import image_batch  # noqa: E402
@@ -65,7 +65,6 @@ from capsnet.training.metrics_log import read_metrics  # noqa: E402
 from capsnet.training.repeat import run_seed  # noqa: E402
 from capsnet.training.settings import TrainSettings  # noqa: E402
 from capsnet.tuning import tune_for_inference  # noqa: E402
-from capsnet.tuning.timing import synchronize  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def test_help_explains_the_stages_and_the_budget(capsys):
 
 
 def test_the_health_check_names_the_device_plan_step_and_memory(capsys):
-    settings = TrainSettings(preset="small", precision="fp32", conv_impl="gemm")
+    settings = TrainSettings(preset="small", precision="fp32")
     record = health_check(torch.device("cpu"), settings, batch=4, steps=1)
     assert record["name"] and record["threads"] >= 1 and record["precision"] == "fp32"
     assert record["step_ms"] > 0 and record["memory_measured_by"] == "live CPU tensors"

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
 torch.set_num_threads(1)  # on shared, busy cores one thread is several times faster than two
 
-FAST = ["--precision", "fp32", "--conv-impl", "native"]  # no speed measurement in tests
+FAST = ["--precision", "fp32"]
 RGB_CLASSES = ["cat", "dog", "frog", "horse", "ship"]
 GREY_CLASSES = ["circle", "line"]
 COLOURS = [(220, 40, 40), (40, 200, 60), (50, 80, 230), (230, 210, 40), (200, 60, 210)]
