@@ -1,9 +1,10 @@
 """capsnet: Capsule Networks (Sabour, Frosst & Hinton 2017) in PyTorch.
 
 The library, bottom-up: ``config`` -> ``layers`` -> ``models`` -> ``tuning`` (precision and
-convolution path by a rule, memory measured) -> ``data`` -> ``loading`` -> ``training`` (the one epoch driver) ->
-``experiments``; using a model: ``inference``, ``preprocess``, ``routing_trace``, ``figures``,
-``export``. The applications ``cli`` and ``web`` sit on top. See docs/architecture.md.
+convolution path by a rule, memory measured) -> ``data`` -> ``loading`` -> ``training`` (the
+one epoch driver) -> ``experiments``; using a model: ``inference``, ``preprocess``,
+``routing_trace``, ``figures``, ``export``. The applications ``cli`` and ``web`` sit on top.
+See docs/architecture.md.
 """
 __version__ = "0.1.0"
 
