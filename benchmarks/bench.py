@@ -15,11 +15,11 @@ cases:
 - ``capsnet``: what ``capsnet train`` runs with its defaults: the plan measured for this
   machine (precision and each convolution's implementation, ``capsnet.tuning``);
 - ``capsnet-<precision>-<path>``: capsnet forced to one precision and one convolution path;
-- on GPUs, ``capsnet-compile``: the measured plan under ``torch.compile``; on request
+- on GPUs, ``capsnet-compile``: the rule's plan under ``torch.compile``; on request
   (``--cases``), ``capsnet-cudagraphs``: the same compiled with CUDA graphs
   (``mode="reduce-overhead"``).
 
-It prints the CPU model and flags (or the GPU), the measured plan, images/s for a training
+It prints the CPU model and flags (or the GPU), the rule's plan, images/s for a training
 step (forward, backward, Adam) and for inference, ratios against both references and
 against the fastest forced path, and each case's peak memory (GPU: max allocated; CPU:
 peak resident set of its process). Every case runs under the same process settings
@@ -32,11 +32,12 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-from capsnet.devices import pick_device, tune_backends
+from capsnet.devices import pick_device, synchronize, tune_backends
 from capsnet.layers.gemm_conv import CONV_IMPLS
 from capsnet.models.precision import PRECISIONS
 from capsnet.tuning import (
@@ -45,10 +46,8 @@ from capsnet.tuning import (
     choose_plan,
     conv_layers,
     cpu_info,
-    low_precisions,
     native_bf16,
 )
-from capsnet.tuning.timing import wall_clock
 
 REPO = Path(__file__).resolve().parents[1]  # the workers run `python -m benchmarks.bench` here
 REFERENCES = ("seed-style", "broadcast-style")
@@ -57,6 +56,16 @@ REFERENCES = ("seed-style", "broadcast-style")
 COMPILE_MODES = {"compile": "default", "cudagraphs": "reduce-overhead"}
 SHOWN_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
+
+
+def wall_clock(fn, device, inner: int) -> float:
+    """Seconds per call of ``fn`` over ``inner`` calls, by the host clock."""
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - start) / inner
 
 def case_precisions(device_type: str, low: list[str]) -> list[str]:
     """The precisions a device's forced cases run in: on a CPU float32 and bf16 (emulated
@@ -74,7 +83,7 @@ def cases_for(device: torch.device, skip_reference: bool = False) -> list[str]:
     cases = [] if skip_reference else list(REFERENCES)
     cases.append("capsnet")
     impls = CONV_IMPLS if device.type == "cpu" else CONV_IMPLS[1:]
-    precisions = case_precisions(device.type, low_precisions(device))
+    precisions = case_precisions(device.type, ["bf16"] if native_bf16(device) else [])
     cases += [f"capsnet-{p}-{impl}" for p in precisions for impl in impls]
     if device.type == "cuda":
         cases.append("capsnet-compile")
@@ -82,7 +91,7 @@ def cases_for(device: torch.device, skip_reference: bool = False) -> list[str]:
 
 
 def plan_for_case(case: str, model, device: torch.device, batch: int) -> SpeedPlan:
-    """The measured plan for 'capsnet' (and its compiled cases); the forced one otherwise."""
+    """The rule's plan for 'capsnet' (and its compiled cases); the forced one otherwise."""
     parts = case.split("-")
     if len(parts) == 3 and parts[1] in PRECISIONS:
         precision, impl = parts[1], "-".join(parts[2:])
@@ -264,7 +273,7 @@ def print_table(results: dict, device: torch.device, batch: int) -> None:
           f"torch {torch.__version__}; batch {batch}")
     plan = results.get("capsnet", {}).get("plan")
     if plan:
-        print(f"capsnet's measured plan: {SpeedPlan.from_dict(plan).describe()}")
+        print(f"capsnet's plan: {SpeedPlan.from_dict(plan).describe()}")
     refs = {r: results[r] for r in REFERENCES if r in results}
     forced = [r for c, r in results.items() if c.count("-") >= 2 and c.startswith("capsnet-")]
     best_forced = max((r["train_images_per_s"] for r in forced), default=None)

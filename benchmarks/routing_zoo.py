@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import sweep
-from benchmarks.bench import describe_device
+from benchmarks.bench import describe_device, wall_clock
 from benchmarks.sweep import Column, Study, Variant, percent
 from capsnet.checkpoint import model_from_checkpoint
 from capsnet.data.model_view import load_test_set
@@ -39,7 +39,6 @@ from capsnet.inference import image_batch
 from capsnet.models import count_parameters
 from capsnet.training.settings import TrainSettings
 from capsnet.tuning import tune_for_inference
-from capsnet.tuning.timing import wall_clock
 
 # torch.compile for EM: its routing's many passes over the votes fuse, which doubled the
 # small model's training speed; two iterations: with the paper's three it learns several

@@ -85,3 +85,9 @@ def tune_backends(device: torch.device, reuse_freed_memory: bool = True,
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = flags["cudnn_benchmark"]
         torch.backends.cudnn.deterministic = flags["cudnn_deterministic"]
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the device's queued work (a no-op on a CPU): before reading a clock."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

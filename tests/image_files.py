@@ -43,7 +43,7 @@ def train_colour_model(root: Path) -> Path:
             Image.fromarray(pixels).save(root / "data" / "train" / name / f"{i}.png")
     fit(TrainSettings(dataset="folder", data_dir=str(root / "data"), preset="small", epochs=1,
                       batch_size=6, val_size=3, out_dir=str(root / "run"), progress=False,
-                      precision="fp32", conv_impl="native"), log=lambda _: None)
+                      precision="fp32"), log=lambda _: None)
     return root / "run" / "best.pt"
 
 

@@ -153,7 +153,7 @@ def _torchrun_once(nproc: int, capsnet_args: list[str]) -> subprocess.CompletedP
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-FIXED_KERNELS = {"precision": "fp32", "conv_impl": "gemm"}
+FIXED_KERNELS = {"precision": "fp32"}
 
 
 def _settings(data_dir: Path, out_dir: Path, epochs: int, **extra) -> TrainSettings:
@@ -193,7 +193,6 @@ def runs(tmp_path_factory, tiny_mnist_dir):
                              "--subset", str(SUBSET),
                              "--batch-size", "128", "--max-shift", "0", "--device", "cpu",
                              "--precision", FIXED_KERNELS["precision"],
-                             "--conv-impl", FIXED_KERNELS["conv_impl"],
                              "--out-dir", str(two), "--no-progress"])
     assert launched.returncode == 0, f"{launched.stdout}\n{launched.stderr}"
     return {"root": root, "one": one, "one_epoch1": one_epoch1, "two": two,
@@ -264,7 +263,6 @@ def test_two_processes_keep_the_same_ema_and_schedule_as_one(tiny_mnist_dir, tmp
                              "--val-size", "100", "--subset", str(SUBSET), "--batch-size", "128",
                              "--max-shift", "0", "--device", "cpu",
                              "--precision", FIXED_KERNELS["precision"],
-                             "--conv-impl", FIXED_KERNELS["conv_impl"],
                              "--out-dir", str(two), "--no-progress"])
     assert launched.returncode == 0, f"{launched.stdout}\n{launched.stderr}"
     saved_one, saved_two = load_checkpoint(one / "last.pt"), load_checkpoint(two / "last.pt")

@@ -28,7 +28,6 @@ from capsnet.models import (
     model_name_of,
 )
 from capsnet.routing import ROUTERS, SelfAttentionRouter, router_class
-from capsnet.tuning.memory import estimate_training_memory
 from tests.helpers_routing import self_attention_reference
 
 # The paper's Table 1 / the public code's model summary: 161,824 trainable parameters.
@@ -255,13 +254,12 @@ def test_checkpoint_round_trip_keeps_weights_and_batchnorm_statistics(tmp_path):
                                                      ("paper", "bf16", "native"),
                                                      ("small", "bf16", "gemm")])
 def test_the_memory_estimate_is_within_25_percent_of_the_measured_peak(preset, precision, impl):
-    from benchmarks.memory_check import measured_peak
+    from benchmarks.memory_check import estimated_peak, measured_peak
 
     config = make_config("efficient", preset)
-    layers = [f"features.{i}.conv" for i in range(len(config.conv_channels))]
-    estimate = estimate_training_memory(config, 32, precision, dict.fromkeys(layers, impl))
+    estimate = estimated_peak(config, 32, precision, impl)
     measured = measured_peak(config, 32, precision, impl)
-    assert abs(estimate.total / measured - 1) <= 0.25, (estimate.total, measured)
+    assert abs(estimate / measured - 1) <= 0.25, (estimate, measured)
 
 
 def test_the_learning_rate_default_is_efficient_capsnets_own():
@@ -325,7 +323,7 @@ def test_resume_matches_an_uninterrupted_run(tiny_mnist_dir, tmp_path):
     """Weights, Adam's moments, BatchNorm's statistics and the schedule go on as if never
     stopped (one fixed plan for both runs: a measured one may differ between them)."""
     full, part = tmp_path / "full", tmp_path / "part"
-    fixed = ("--precision", "fp32", "--conv-impl", "native", "--subset", "100")
+    fixed = ("--precision", "fp32", "--subset", "100")
     assert main(train_command(tiny_mnist_dir, full, "--epochs", "2", *fixed)) == 0
     assert main(train_command(tiny_mnist_dir, part, "--epochs", "1", *fixed)) == 0
     assert main(["train", "--resume", str(part), "--epochs", "2", "--no-progress"]) == 0

@@ -427,7 +427,7 @@ def _work_in_tmp(tmp_path, monkeypatch):
 
 def efficient_train(data_dir, out_dir, *extra: str) -> list[str]:
     return ["train", "--model", "efficient", "--no-download", "--data-dir", str(data_dir),
-            "--no-progress", "--precision", "fp32", "--conv-impl", "gemm", "--out-dir",
+            "--no-progress", "--precision", "fp32", "--out-dir",
             str(out_dir), *extra]
 
 

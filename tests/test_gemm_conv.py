@@ -133,3 +133,71 @@ def test_impl_sets_the_weight_layout_and_keeps_values():
     conv.set_impl("channels_last")
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(conv.weight, before)
+
+
+# --- a graph of the backward: double backward and torch.func ---------------------------------
+
+TINY_CAPSNET = dict(image_size=12, conv1_channels=8, conv1_kernel=3, primary_types=2,
+                    primary_kernel=3, decoder_hidden=(16,))
+
+
+def test_the_gemm_path_is_twice_differentiable():
+    """Second derivatives through the input and through the weights, checked numerically."""
+    conv, x = _reference_and_gemm(3, 4, 3, 2, (9, 9))
+    assert conv.impl == "gemm"
+    assert torch.autograd.gradgradcheck(conv, (x,))
+    assert torch.autograd.gradgradcheck(lambda w, b: torch.func.functional_call(
+        conv, {"weight": w, "bias": b}, (x.detach(),)), (conv.weight, conv.bias))
+
+
+def _capsnet_pair():
+    """A tiny CapsNet on the GEMM path and the same one on PyTorch's convolution."""
+    from capsnet.models import CapsNetConfig
+    from capsnet.models import CapsNet
+    from capsnet.tuning import SpeedPlan, apply_plan
+
+    torch.manual_seed(0)
+    gemm = CapsNet(CapsNetConfig(**TINY_CAPSNET)).double()
+    native = CapsNet(CapsNetConfig(**TINY_CAPSNET)).double()
+    native.load_state_dict(gemm.state_dict())
+    for model, impl in ((gemm, "gemm"), (native, "native")):
+        apply_plan(model, SpeedPlan("fp32", {"conv1": impl, "primary_caps.conv": impl}))
+    x = torch.rand(3, 1, 12, 12, dtype=torch.float64)
+    y = torch.tensor([0, 3, 7])
+    return gemm, native, x, y
+
+
+def test_a_gradient_penalty_through_a_gemm_capsnet_equals_conv2ds():
+    """Double backward: the gradient of ||d loss / d x||^2 with respect to the weights."""
+    from capsnet.losses import model_loss
+
+    gemm, native, x, y = _capsnet_pair()
+    grads = []
+    for model in (gemm, native):
+        images = x.clone().requires_grad_(True)
+        loss = model_loss(model(images, y), images, y)
+        (d_images,) = torch.autograd.grad(loss, images, create_graph=True)
+        penalty = d_images.square().sum()
+        penalty.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert grads[0]["conv1.weight"].abs().sum() > 0
+    for name, grad in grads[1].items():
+        torch.testing.assert_close(grads[0][name], grad, rtol=1e-9, atol=1e-12)
+
+
+def test_torch_func_grad_through_a_gemm_capsnet_equals_conv2ds():
+    from capsnet.losses import model_loss
+
+    gemm, native, x, y = _capsnet_pair()
+
+    def grads_of(model):
+        params = dict(model.named_parameters())
+
+        def loss(p):
+            return model_loss(torch.func.functional_call(model, p, (x, y)), x, y)
+        return torch.func.grad(loss)(params)
+
+    got, expected = grads_of(gemm), grads_of(native)
+    assert got["primary_caps.conv.weight"].abs().sum() > 0
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-9, atol=1e-12)

@@ -7,82 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-import capsnet.tuning.plan as plan_module
 from capsnet.devices import backend_flags, check_cuda_device
 from capsnet.models import CapsNet, CapsNetConfig
 from capsnet.training.distributed import cuda_index_for
-from capsnet.tuning import choose_plan
-from capsnet.tuning.hardware import describe_machine, native_low_precisions
-from capsnet.tuning.timing import (
-    CPU_SCHEDULE,
-    TimingSchedule,
-    contenders,
-    interleaved_medians,
-    timing_schedule,
-    warm_up_calls,
-)
+from capsnet.tuning.hardware import describe_machine
 
 CPU = torch.device("cpu")
-TINY = CapsNetConfig(image_size=12, conv1_channels=8, conv1_kernel=3, primary_types=2,
-                     primary_kernel=3, decoder_hidden=(16,))
 
 
-# --- which precisions a device is timed in --------------------------------------------------
+# --- the machine a plan is kept for, and backend settings ------------------------------------
 
-@pytest.mark.parametrize("capability, expected", [
-    ((9, 0), ["bf16"]),  # H100
-    ((8, 0), ["bf16"]),  # A100
-    ((8, 6), ["bf16"]),  # RTX 30xx
-    ((7, 5), ["fp16"]),  # T4, RTX 20xx: no native bf16, fp16 tensor cores
-    ((7, 0), ["fp16"]),  # V100
-    ((6, 1), []),  # GTX 10xx: neither pays
-])
-def test_gpu_precision_candidates_follow_the_compute_capability(capability, expected):
-    assert native_low_precisions("cuda", capability) == expected
-
-
-def test_cpu_precision_candidates_follow_the_cpu_flags():
-    assert native_low_precisions("cpu", cpu_flags=frozenset({"avx512_bf16", "avx2"})) == ["bf16"]
-    assert native_low_precisions("cpu", cpu_flags=frozenset({"amx_bf16"})) == ["bf16"]
-    assert native_low_precisions("cpu", cpu_flags=frozenset({"avx512f"})) == []
-    assert native_low_precisions("mps") == []
-
-
-def fp16_timings(fp16_factor: float) -> dict:
-    """Timings of a T4-like GPU: no gemm path; fp16 ``fp16_factor`` times float32's time."""
-    fp32 = {"conv1": {"native": 1.0, "channels_last": 2.0},
-            "primary_caps.conv": {"native": 9.0, "channels_last": 8.0}}
-    table = {}
-    for layer, row in fp32.items():
-        for impl, seconds in row.items():
-            table[(layer, impl, "fp32")] = seconds
-            table[(layer, impl, "fp16")] = fp16_factor * seconds
-    return table
-
-
-@pytest.mark.parametrize("factor, expected", [(0.5, "fp16"), (0.95, "fp32")])
-def test_a_gpu_without_bf16_trains_in_fp16_only_where_it_is_faster(monkeypatch, factor, expected):
-    """On an sm_75 GPU (T4) --precision auto times fp16 against float32 and takes fp16 only
-    when its convolutions are at least 10% faster; the 16-bit precision is timed first."""
-    monkeypatch.setattr(plan_module, "low_precisions", lambda device: ["fp16"])
-    monkeypatch.setattr(plan_module, "machine_description", lambda device: {"device": "cuda"})
-    calls = []
-
-    def measure(name, impls, precision):
-        calls.append((name, precision))
-        assert "gemm" not in impls  # no CPU-only path on a GPU
-        return {impl: fp16_timings(factor)[(name, impl, precision)] for impl in impls}
-
-    model = CapsNet(TINY)
-    plan = choose_plan(model, torch.device("cuda"), 128, measure=measure, use_cache=False)
-    assert plan.precision == expected
-    assert [p for _, p in calls] == ["fp16", "fp16", "fp32", "fp32"]
-    assert plan.conv_impls == {"conv1": "native", "primary_caps.conv": "channels_last"}
-
-
-# --- the plan's cache key and backend settings ----------------------------------------------
-
-def test_a_gpu_plan_is_keyed_by_capability_and_cudnn_not_cpu_threads():
+def test_a_gpu_machine_is_described_by_capability_and_cudnn_not_cpu_threads():
     a100 = describe_machine("cuda", "NVIDIA A100", "2.11", capability=(8, 0), cuda="12.4",
                             cudnn=90100, backends={"matmul": "highest"})
     assert "threads" not in a100  # torchrun's OMP_NUM_THREADS=1 does not move a GPU plan
@@ -117,106 +52,6 @@ def test_backend_flags_keep_matmuls_float32_and_offer_deterministic_cudnn():
                                      "cudnn_deterministic": False}
     assert backend_flags("cuda", deterministic=True)["cudnn_benchmark"] is False
     assert backend_flags("cpu") == {"matmul_precision": "highest"}  # no TF32, no cuDNN
-
-
-# --- timing on a GPU: CUDA events, warm-up, ten rounds ---------------------------------------
-
-def test_the_gpu_schedule_warms_up_and_times_many_calls_per_sample():
-    gpu = timing_schedule("cuda")
-    assert gpu.warmup >= 3 and gpu.repeats >= 10 and gpu.min_repeats >= 10 and gpu.inner > 1
-    assert gpu.rows is None and gpu.context_batch is None  # the real batch on a GPU
-    assert gpu.drop_ratio is None and gpu.budget_s is None
-    assert timing_schedule("cpu") is CPU_SCHEDULE and timing_schedule("mps") is CPU_SCHEDULE
-
-
-class FakeClock:
-    """A clock for interleaved_medians: each function's sample is its fixed cost; counts
-    the calls and the inner iterations asked for."""
-
-    def __init__(self, costs):
-        self.costs, self.samples, self.inner = costs, [0] * len(costs), set()
-
-    def __call__(self, fn, device, inner):
-        i = fn()
-        self.samples[i] += 1
-        self.inner.add(inner)
-        return self.costs[i]
-
-
-def test_a_gpu_schedule_times_every_candidate_every_round():
-    calls = [0, 0]
-    fns = [lambda i=i: calls.__setitem__(i, calls[i] + 1) or i for i in range(2)]
-    clock = FakeClock([1.0, 5.0])
-    gpu = timing_schedule("cuda")
-    assert interleaved_medians(fns, "cuda", gpu, clock=clock) == [1.0, 5.0]
-    assert clock.samples == [gpu.repeats] * 2 and clock.inner == {gpu.inner}
-    assert calls == [gpu.warmup + gpu.repeats] * 2  # warm-up calls, then one per sample
-
-
-def test_a_cpu_schedule_drops_clearly_slower_candidates_and_stops_at_the_deadline():
-    fns = [lambda i=i: i for i in range(3)]
-    cpu = TimingSchedule(warmup=1, repeats=3, drop_ratio=1.25, warm_all=False)
-    clock = FakeClock([1.0, 1.1, 2.0])
-    assert interleaved_medians(fns, CPU, cpu, clock=clock) == [1.0, 1.1, 2.0]
-    assert clock.samples == [3, 3, 1]  # the slow one ran one round
-    clock = FakeClock([1.0, 1.1, 2.0])
-    interleaved_medians(fns, CPU, cpu, deadline=0.0, clock=clock)
-    assert clock.samples == [1, 1, 1]  # past the budget: one round only
-    assert contenders([1.0, 1.2, 1.3], 1.25) == [0, 1] and contenders([3.0], None) == [0]
-    assert contenders([2.0, 2.4], 1.25, bar=1.0) == []  # a rival precision did better
-    assert contenders([1.02, 1.0, 1.04], 1.25, tie=1.05) == [1]  # a tie: the fastest, done
-
-
-def test_a_cpu_warms_up_once_per_layer_a_gpu_every_candidate():
-    """On a CPU only a layer's first call pays for growing the heap: one warm-up call, none
-    when a rival precision timed the layer already; on a GPU every candidate autotunes."""
-    cpu, gpu = CPU_SCHEDULE, timing_schedule("cuda")
-    fns = [lambda: 0, lambda: 1, lambda: 2]
-    assert warm_up_calls(fns, cpu, bar=float("inf")) == fns[:1]
-    assert warm_up_calls(fns, cpu, bar=1.0) == []
-    assert warm_up_calls(fns, gpu, bar=1.0) == fns
-    calls = [0, 0]
-    counted = [lambda i=i: calls.__setitem__(i, calls[i] + 1) or i for i in range(2)]
-    interleaved_medians(counted, CPU, cpu, clock=lambda fn, device, inner: float(fn()) + 1.0)
-    assert calls == [2, 1]  # a warm-up call and a timed one; one timed call (then dropped)
-
-
-def test_a_second_precision_is_screened_on_a_quarter_of_the_images():
-    """float32 after bf16 timed PrimaryCaps in 1.0 s: each float32 candidate runs once on a
-    quarter of the batch beside bf16's fastest; the clearly slower ones are timed no more,
-    their time scaled to the full batch; the close one is timed as usual."""
-    from capsnet.tuning.conv_timer import ConvTimer
-
-    timer = ConvTimer(CapsNet(TINY), CPU, 64, "train")
-    timer.best["primary_caps.conv"] = (1.0, "bf16", "native")
-    quarter = iter([0.1, 0.2, 0.3, 0.11])  # bf16's fastest, then gemm, native, channels_last
-    timer._clock = lambda fn, device, inner: (fn(), next(quarter))[1]
-    seconds = timer("primary_caps.conv", ("gemm", "native", "channels_last"), "fp32")
-    assert seconds["gemm"] == pytest.approx(2.0) and seconds["native"] == pytest.approx(3.0)
-    assert seconds["channels_last"] < 1.0  # timed for real: the tiny layer takes milliseconds
-    assert timer.best["primary_caps.conv"][1:] == ("fp32", "channels_last")
-
-
-def test_a_spent_budget_is_said_and_the_whole_step_check_still_runs(monkeypatch):
-    """Past the budget rounds are cut short, but the cheaper layers are still checked in
-    whole steps: alone, their short calls are the noisiest."""
-    monkeypatch.setattr(plan_module, "low_precisions", lambda device: [])
-
-    class OutOfTime:
-        def __call__(self, name, impls, precision):  # conv1 the cheaper layer
-            scale = 0.1 if name == "conv1" else 1.0
-            return {impl: scale * (1.0 + 0.1 * k) for k, impl in enumerate(impls)}
-
-        def in_context(self, name, impls, precision, choices):
-            return {impl: 2.0 - 0.1 * k for k, impl in enumerate(impls)}
-
-        def out_of_time(self):
-            return True
-
-    plan = choose_plan(CapsNet(TINY), CPU, 8, measure=OutOfTime(), use_cache=False)
-    assert plan.budget_spent and plan.context_timings
-    assert plan.conv_impls["conv1"] == "channels_last"  # the whole steps' choice
-    assert "time budget reached" in plan.describe()
 
 
 # --- devices ----------------------------------------------------------------------------------

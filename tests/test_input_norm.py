@@ -154,7 +154,7 @@ def test_a_colour_folder_leaves_chance_with_the_defaults(tmp_path):
     results = fit(TrainSettings(dataset="folder", data_dir=str(tmp_path / "data"),
                                 preset="small", epochs=10, batch_size=16, val_size=40,
                                 out_dir=str(tmp_path / "run"), progress=False,
-                                precision="fp32", conv_impl="native"), log=lambda _: None)
+                                precision="fp32"), log=lambda _: None)
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["model_config"]["input_norm"] == "image"
     assert config["model_config"]["conv1_stride"] == 1  # 20x20: the paper's Conv1

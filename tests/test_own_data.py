@@ -26,7 +26,7 @@ from tests.conftest import last_error_line
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
 
-FAST = ["--precision", "fp32", "--conv-impl", "native"]  # no speed measurement in tests
+FAST = ["--precision", "fp32"]
 RGB_CLASSES = ["cat", "dog", "frog", "horse", "ship"]
 GREY_CLASSES = ["circle", "line"]
 COLOURS = [(220, 40, 40), (40, 200, 60), (50, 80, 230), (230, 210, 40), (200, 60, 210)]

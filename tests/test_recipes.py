@@ -18,7 +18,7 @@ from capsnet.training.loop import evaluate
 from capsnet.training.metrics_log import read_metrics
 from capsnet.training.recipes import FAST_RECIPE, PAPER_RECIPE
 
-FIXED_KERNELS = {"precision": "fp32", "conv_impl": "gemm"}
+FIXED_KERNELS = {"precision": "fp32"}
 QUIET = {"log": lambda _: None}
 
 
@@ -130,7 +130,7 @@ def test_fast_cli_run_stopped_and_resumed_equals_an_uninterrupted_one(tiny_mnist
     common = ["train", "--recipe", "fast", "--preset", "small", "--data-dir",
               str(tiny_mnist_dir), "--no-download", "--subset", "100", "--val-size", "50",
               "--batch-size", "20", "--epochs", "2", "--no-progress", "--precision", "fp32",
-              "--conv-impl", "gemm", "--schedule", "onecycle"]
+              "--schedule", "onecycle"]
     full, part = tmp_path / "full", tmp_path / "part"
     assert main([*common, "--out-dir", str(full)]) == 0
     assert main([*common, "--out-dir", str(part), "--time-limit", "1e-9"]) == 0
@@ -157,7 +157,7 @@ def test_a_finished_cosine_run_resumed_with_more_epochs_follows_the_longer_sched
     second epoch starts at the rate a 2-epoch run has there, not at the 1-epoch run's floor."""
     common = ["train", "--preset", "small", "--data-dir", str(tiny_mnist_dir), "--no-download",
               "--subset", "100", "--val-size", "50", "--batch-size", "20", "--no-progress",
-              "--precision", "fp32", "--conv-impl", "gemm", "--schedule", "cosine",
+              "--precision", "fp32", "--schedule", "cosine",
               "--warmup-epochs", "0", "--min-lr", "1e-5"]
     full, extended = tmp_path / "full", tmp_path / "extended"
     assert main([*common, "--epochs", "2", "--out-dir", str(full)]) == 0

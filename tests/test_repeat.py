@@ -90,7 +90,7 @@ def test_repeat_saves_test_scores_and_continues_where_it_stopped(tmp_path, tiny_
     command = ["repeat", "--seeds", "1,2", "--recipe", "fast", "--preset", "small",
                "--data-dir", str(tiny_mnist_dir), "--no-download", "--epochs", "1",
                "--subset", "100", "--batch-size", "20", "--val-size", "100", "--out-dir",
-               str(out), "--no-progress", "--precision", "fp32", "--conv-impl", "gemm"]
+               str(out), "--no-progress", "--precision", "fp32"]
     assert main(command) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ensemble_from"] == "saved test scores"

@@ -24,7 +24,7 @@ from capsnet.training.settings import resumed_settings
 def settings(data_dir, out_dir, epochs, **extra) -> TrainSettings:
     values = dict(preset="small", data_dir=str(data_dir), download=False, epochs=epochs,
                   subset=60, val_size=40, batch_size=20, out_dir=str(out_dir), progress=False,
-                  precision="fp32", conv_impl="gemm")
+                  precision="fp32")
     return TrainSettings(**{**values, **extra})
 
 

@@ -15,7 +15,7 @@ from capsnet.training.metrics_log import read_metrics
 from capsnet.training.runner import Task, run_task
 from capsnet.training.settings import TrainSettings
 
-FIXED_KERNELS = {"precision": "fp32", "conv_impl": "gemm"}
+FIXED_KERNELS = {"precision": "fp32"}
 
 
 class ScriptedTask(Task):
@@ -112,7 +112,7 @@ def test_protocol_runs_resume_bit_exactly(protocol, tiny_mnist_dir, tmp_path):
 def test_protocol_cli_resumes_and_refuses_another_task(tiny_mnist_dir, tmp_path, capsys):
     data = ["--data-dir", str(tiny_mnist_dir), "--no-download", "--preset", "small",
             "--subset", "60", "--val-size", "40", "--batch-size", "20", "--no-progress",
-            "--precision", "fp32", "--conv-impl", "gemm"]
+            "--precision", "fp32"]
     run = tmp_path / "mm"
     assert main(["multimnist", "train", *data, "--epochs", "1", "--test-pairs", "20",
                  "--out-dir", str(run)]) == 0

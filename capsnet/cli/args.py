@@ -80,16 +80,16 @@ def add_device_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def add_speed_args(parser: argparse.ArgumentParser) -> None:
-    """--precision and --conv-impl: measured on this machine unless forced."""
+    """--precision and --conv-impl: 'auto' is the rule of capsnet.tuning.choose_plan."""
     parser.add_argument("--precision", default="auto", choices=["auto", *PRECISIONS],
-                        help="auto: bf16 autocast where the device computes bf16 natively and "
-                             "measurably faster (on GPUs without bf16, such as V100 and T4: "
-                             "fp16 with gradient scaling), else fp32 (routing, squash and "
-                             "losses stay float32)")
+                        help="auto: bf16 autocast where the device computes bf16 natively "
+                             "(CPUs with AVX512-BF16 or AMX, GPUs of compute capability 8.0 "
+                             "on), else fp32; fp16 trains with gradient scaling (routing, "
+                             "squash and losses stay float32)")
     parser.add_argument("--conv-impl", default="auto", choices=["auto", *CONV_IMPLS],
-                        help="convolution path: auto (the fastest measured on this machine, "
-                             "cached), gemm (per-kernel-row matrix products, CPU), native "
-                             "(oneDNN/cuDNN, NCHW) or channels_last")
+                        help="convolution path: auto (gemm on a CPU, native elsewhere), gemm "
+                             "(per-kernel-row matrix products, CPU), native (oneDNN/cuDNN, "
+                             "NCHW) or channels_last")
     parser.add_argument("--deterministic", action="store_true",
                         help="GPUs: deterministic cuDNN algorithms instead of autotuned ones "
                              "(reproducible to the bit on one GPU, slower)")
@@ -111,15 +111,11 @@ def add_model_args(parser: argparse.ArgumentParser, checkpoint: str | None = "op
 
 def load_cli_model(args: argparse.Namespace, source: str | None = None) -> nn.Module:
     """The model named by --checkpoint (or ``source``, or the shipped one) on the --device,
-    in eval mode, running as --precision and --conv-impl say. A measurement (once per
-    machine; cached) is reported on stderr, away from JSON output."""
+    in eval mode, running as --precision and --conv-impl say."""
     device = pick_device(args.device)
     tune_backends(device, deterministic=args.deterministic)  # as training ran: no TF32 matmuls
     model = load_model(source if source is not None else args.checkpoint, device)
-    plan = tune_for_inference(model, next(model.parameters()).device, args.precision,
-                              args.conv_impl)
-    if plan.source == "measured":
-        print(f"capsnet: inference speed plan: {plan.describe()}", file=sys.stderr)
+    tune_for_inference(model, next(model.parameters()).device, args.precision, args.conv_impl)
     return model
 
 

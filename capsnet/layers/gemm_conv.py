@@ -21,13 +21,14 @@ in float64).
 Under CPU bf16 autocast the same products run in bf16 (fp32 accumulation inside each
 product; the kernel rows' partial outputs and the scattered input gradient are summed in
 fp32). Which path a layer takes, this one, oneDNN's NCHW convolution ("native") or its
-channels-last one, is the layer's ``impl``, chosen by measurement in :mod:`capsnet.tuning`.
+channels-last one, is the layer's ``impl`` (on a CPU "gemm" unless chosen otherwise:
+:mod:`capsnet.tuning`). A backward pass that is itself differentiated (double backward,
+gradient penalties, ``torch.func.grad``) runs PyTorch's convolution backward instead.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 # A chunk of kernel rows is at least this many columns wide: one row of PrimaryCaps' kernel
 # (9 x 256 = 2304) is a chunk of its own, Conv1's 1-channel rows (9 wide) are all unrolled.
@@ -84,10 +85,16 @@ def _in_layout_of(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
 
 
 class _RowGemmConv2d(torch.autograd.Function):
-    """conv2d(x, weight, bias, stride) with no padding, dilation 1 and one group."""
+    """conv2d(x, weight, bias, stride) with no padding, dilation 1 and one group; returns
+    (output, kept) where ``kept`` is the bf16 im2col matrix kept for the weight gradient
+    (``keep_columns``) or an empty tensor.
+
+    The backward pass is the per-row products below; when a graph of the backward is wanted
+    (double backward, gradient penalties, ``torch.func``) it is PyTorch's differentiable
+    convolution backward instead (:func:`_differentiable_grads`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, stride):
+    def forward(x, weight, bias, stride, keep_columns):
         B, C, H, W = x.shape
         O, _, Kh, Kw = weight.shape
         grid = ((H - Kh) // stride[0] + 1, (W - Kw) // stride[1] + 1)
@@ -99,8 +106,7 @@ class _RowGemmConv2d(torch.autograd.Function):
         result = torch.empty((B, O, *grid), dtype=x.dtype, device=x.device,
                              memory_format=torch.channels_last)  # (B, O, Gh, Gw)
         out = result.permute(0, 2, 3, 1).view(positions, O)  # (B*Gh*Gw, O)
-        ctx.stride, ctx.grid, ctx.has_bias = stride, grid, bias is not None
-        if x.dtype == torch.bfloat16 and ctx.needs_input_grad[1]:
+        if keep_columns:
             # Training in bf16: the whole im2col matrix (half the bytes of float32) in one
             # product, accumulated in float32 inside the GEMM, and kept for the weight gradient.
             cols = _patches(x_cl, (0, Kh), (Kh, Kw), stride, grid,
@@ -108,8 +114,7 @@ class _RowGemmConv2d(torch.autograd.Function):
             torch.mm(cols, w_rows.t(), out=out)  # (B*Gh*Gw, O)
             if bias is not None:
                 out += bias
-            ctx.save_for_backward(x_cl, weight, cols)
-            return result  # (B, O, Gh, Gw), channels-last
+            return result, cols  # (B, O, Gh, Gw), channels-last; (B*Gh*Gw, Kh*Kw*C)
         accumulate = _accumulator_dtype(x.dtype)
         if accumulate != x.dtype:  # bf16 products, summed over the kernel rows in float32
             out = x.new_empty(positions, O, dtype=accumulate)
@@ -128,56 +133,92 @@ class _RowGemmConv2d(torch.autograd.Function):
                 out += patches @ w_chunk
         if accumulate != x.dtype:
             result.permute(0, 2, 3, 1).view(positions, O).copy_(out)
-        ctx.save_for_backward(x_cl, weight)
-        return result  # (B, O, Gh, Gw), channels-last
+        return result, x.new_empty(0)  # (B, O, Gh, Gw), channels-last; nothing kept
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        x_cl, weight, *kept = ctx.saved_tensors  # kept: the bf16 im2col matrix, if any
-        stride, grid = ctx.stride, ctx.grid
-        B, H, W, C = x_cl.shape
-        O, _, Kh, Kw = weight.shape
-        positions = B * grid[0] * grid[1]
+    def setup_context(ctx, inputs, output):
+        x, weight, bias, stride, _ = inputs
+        result, kept = output
+        ctx.mark_non_differentiable(kept)
+        ctx.set_materialize_grads(False)  # no zeros of the kept matrix's size in backward
+        ctx.save_for_backward(x, weight, kept)
+        ctx.stride, ctx.grid, ctx.has_bias = stride, tuple(result.shape[-2:]), bias is not None
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_kept):
+        x, weight, kept = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        grad = grad_out.to(x_cl.dtype).permute(0, 2, 3, 1).reshape(positions, O)  # (B*Gh*Gw, O)
-        accumulate = _accumulator_dtype(x_cl.dtype)
-        grad_x_cl = torch.zeros_like(x_cl, dtype=accumulate) if need_x else None  # (B, H, W, C)
-        grad_w_rows = x_cl.new_empty(O, Kh * Kw * C) if need_w else None  # (O, Kh*Kw*C)
-        w_rows = weight.permute(0, 2, 3, 1).reshape(O, Kh * Kw * C)  # (O, Kh*Kw*C)
-        last_row, last_col = stride[0] * (grid[0] - 1) + 1, stride[1] * (grid[1] - 1) + 1
-        chunks = _row_chunks(Kh, Kw * C)
-        buffer = x_cl.new_empty(positions, (chunks[0][1] - chunks[0][0]) * Kw * C)
-        # bf16 input gradients are summed in float32: each chunk is converted once, so that
-        # the strided adds below run on one dtype (mixed-dtype adds are twice as slow)
-        widened = buffer if accumulate == x_cl.dtype else torch.empty_like(buffer, dtype=accumulate)
-        for first, end in chunks:
-            cols = slice(first * Kw * C, end * Kw * C)
-            if need_w:
-                patches = (kept[0][:, cols] if kept else
-                           _patches(x_cl, (first, end), (Kh, Kw), stride, grid, buffer))
-                grad_w_rows[:, cols] = grad.t() @ patches  # (O, n*Kw*C)
-            if not need_x:
-                continue
-            grad_patches = _chunk_of(buffer, positions, (end - first) * Kw * C)
-            torch.mm(grad, w_rows[:, cols], out=grad_patches)  # (B*Gh*Gw, n*Kw*C)
-            if widened is not buffer:
-                wide = _chunk_of(widened, positions, grad_patches.shape[1])
-                grad_patches = wide.copy_(grad_patches)
-            grad_patches = grad_patches.view(B, grid[0], grid[1], end - first, Kw, C)
-            for row in range(first, end):
-                target = grad_x_cl[:, row:row + last_row:stride[0]]  # (B, Gh, W, C)
-                for col in range(Kw):  # one (row, col)'s positions never overlap: plain adds
-                    target[:, :, col:col + last_col:stride[1]] += (
-                        grad_patches[:, :, :, row - first, col])
-        grad_x = grad_x_cl.to(x_cl.dtype).permute(0, 3, 1, 2) if need_x else None  # (B, C, H, W)
-        grad_w = None
+        if grad_out is None:
+            return None, None, None, None, None
+        if torch.is_grad_enabled():  # a graph of this backward is wanted
+            return (*_differentiable_grads(grad_out, x, weight, ctx.stride,
+                                           (need_x, need_w, need_b and ctx.has_bias)),
+                    None, None)
+        return (*_row_gemm_grads(grad_out, x, weight, kept, ctx.stride, ctx.grid,
+                                 (need_x, need_w, need_b and ctx.has_bias)), None, None)
+
+
+def _differentiable_grads(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                          stride: tuple[int, int], needed: tuple[bool, bool, bool]):
+    """(grad_x, grad_w, grad_b) by PyTorch's convolution backward, itself differentiable."""
+    grad_out = grad_out.to(x.dtype)  # (B, O, Gh, Gw)
+    need_x, need_w, need_b = needed
+    grad_x = (torch.nn.grad.conv2d_input(x.shape, weight, grad_out, stride)
+              if need_x else None)  # (B, C, H, W)
+    grad_w = (torch.nn.grad.conv2d_weight(x, weight.shape, grad_out, stride)
+              if need_w else None)  # (O, C, Kh, Kw)
+    grad_b = grad_out.sum((0, 2, 3)) if need_b else None  # (O,)
+    return grad_x, grad_w, grad_b
+
+
+def _row_gemm_grads(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                    kept: torch.Tensor, stride: tuple[int, int], grid: tuple[int, int],
+                    needed: tuple[bool, bool, bool]):
+    """(grad_x, grad_w, grad_b) by the per-kernel-row products of the module docstring;
+    ``kept``: the bf16 im2col matrix of the forward pass, or empty."""
+    x_cl = x.permute(0, 2, 3, 1).contiguous()  # (B, H, W, C); free if x is channels-last
+    B, H, W, C = x_cl.shape
+    O, _, Kh, Kw = weight.shape
+    positions = B * grid[0] * grid[1]
+    need_x, need_w, need_b = needed
+    grad = grad_out.to(x_cl.dtype).permute(0, 2, 3, 1).reshape(positions, O)  # (B*Gh*Gw, O)
+    accumulate = _accumulator_dtype(x_cl.dtype)
+    grad_x_cl = torch.zeros_like(x_cl, dtype=accumulate) if need_x else None  # (B, H, W, C)
+    grad_w_rows = x_cl.new_empty(O, Kh * Kw * C) if need_w else None  # (O, Kh*Kw*C)
+    w_rows = weight.permute(0, 2, 3, 1).reshape(O, Kh * Kw * C)  # (O, Kh*Kw*C)
+    last_row, last_col = stride[0] * (grid[0] - 1) + 1, stride[1] * (grid[1] - 1) + 1
+    chunks = _row_chunks(Kh, Kw * C)
+    buffer = x_cl.new_empty(positions, (chunks[0][1] - chunks[0][0]) * Kw * C)
+    # bf16 input gradients are summed in float32: each chunk is converted once, so that
+    # the strided adds below run on one dtype (mixed-dtype adds are twice as slow)
+    widened = buffer if accumulate == x_cl.dtype else torch.empty_like(buffer, dtype=accumulate)
+    for first, end in chunks:
+        cols = slice(first * Kw * C, end * Kw * C)
         if need_w:
-            grad_w = _in_layout_of(grad_w_rows.view(O, Kh, Kw, C).permute(0, 3, 1, 2), weight)
-        grad_b = None
-        if need_b and ctx.has_bias:
-            grad_b = grad.sum(0, dtype=accumulate).to(x_cl.dtype)  # (O,)
-        return grad_x, grad_w, grad_b, None
+            patches = (kept[:, cols] if kept.numel() else
+                       _patches(x_cl, (first, end), (Kh, Kw), stride, grid, buffer))
+            grad_w_rows[:, cols] = grad.t() @ patches  # (O, n*Kw*C)
+        if not need_x:
+            continue
+        grad_patches = _chunk_of(buffer, positions, (end - first) * Kw * C)
+        torch.mm(grad, w_rows[:, cols], out=grad_patches)  # (B*Gh*Gw, n*Kw*C)
+        if widened is not buffer:
+            wide = _chunk_of(widened, positions, grad_patches.shape[1])
+            grad_patches = wide.copy_(grad_patches)
+        grad_patches = grad_patches.view(B, grid[0], grid[1], end - first, Kw, C)
+        for row in range(first, end):
+            target = grad_x_cl[:, row:row + last_row:stride[0]]  # (B, Gh, W, C)
+            for col in range(Kw):  # one (row, col)'s positions never overlap: plain adds
+                target[:, :, col:col + last_col:stride[1]] += (
+                    grad_patches[:, :, :, row - first, col])
+    grad_x = grad_x_cl.to(x_cl.dtype).permute(0, 3, 1, 2) if need_x else None  # (B, C, H, W)
+    grad_w = None
+    if need_w:
+        grad_w = _in_layout_of(grad_w_rows.view(O, Kh, Kw, C).permute(0, 3, 1, 2), weight)
+    grad_b = None
+    if need_b:
+        grad_b = grad.sum(0, dtype=accumulate).to(x_cl.dtype)  # (O,)
+    return grad_x, grad_w, grad_b
 
 
 class GemmConv2d(nn.Conv2d):
@@ -236,8 +277,11 @@ class GemmConv2d(nn.Conv2d):
             if torch.is_autocast_enabled("cpu"):  # what autocast would do: bf16 operands
                 x, weight = x.to(torch.bfloat16), weight.to(torch.bfloat16)
                 bias = None if bias is None else bias.to(torch.bfloat16)
+            # bf16 training keeps the whole im2col matrix for the weight gradient
+            keep_columns = (x.dtype == torch.bfloat16 and torch.is_grad_enabled()
+                            and weight.requires_grad)
             with torch.autocast("cpu", enabled=False):
-                return _RowGemmConv2d.apply(x, weight, bias, self.stride)
+                return _RowGemmConv2d.apply(x, weight, bias, self.stride, keep_columns)[0]
         if self.impl == "channels_last":
             x = x.contiguous(memory_format=torch.channels_last)
         return super().forward(x)

@@ -1,6 +1,6 @@
 """The one epoch driver. Every training run, the paper's recipe, affNIST and MultiMNIST
 alike, goes through :func:`run_task`: the run directory, DistributedDataParallel under
-torchrun, the measured speed plan, resume (model, optimiser, scheduler, the weights' moving
+torchrun, the speed plan, resume (model, optimiser, scheduler, the weights' moving
 average, random state, epoch), selection by validation accuracy, an optional stop at a
 target accuracy, atomic checkpoints, the metrics log, a stop with the last good checkpoint
 named on a non-finite loss, and the test set evaluated once at the end.
@@ -43,7 +43,6 @@ from capsnet.tuning import (
     SpeedPlan,
     apply_plan,
     choose_plan,
-    current_plan,
     machine_description,
     tune_for_inference,
 )
@@ -51,8 +50,7 @@ from capsnet.tuning.memory import (
     MemoryEstimate,
     MemoryExceeded,
     device_memory,
-    estimate_training_memory,
-    largest_batch,
+    measure_training_memory,
     out_of_memory_message,
     usable_gpu_bytes,
 )
@@ -143,7 +141,6 @@ def _run(task: Task, resume: str | None, argv, log: Log, world: World) -> dict:
     resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0  # the data
     training = build_training(settings, task.model_overrides(), device,
                               steps_per_epoch(task, world))
-    model = training.model
     if world.is_main:  # only now: bad data or an unworkable size leave no run directory
         run_dir.mkdir(parents=True, exist_ok=True)
     state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None, "reached_target": False}
@@ -160,7 +157,9 @@ def _run(task: Task, resume: str | None, argv, log: Log, world: World) -> dict:
     try:
         return _train(task, training, state, saved, argv, log, world, resident)
     except torch.cuda.OutOfMemoryError:
-        raise MemoryExceeded(_out_of_memory(settings, model, world, resident)) from None
+        raise MemoryExceeded(f"{world.device} ran out of memory before training began "
+                             f"(batch {settings.batch_size}): use a smaller --batch-size or "
+                             f"preset, or --precision bf16 (or fp16)") from None
 
 
 def _train(task: Task, training: Training, state: dict, saved: dict, argv, log: Log,
@@ -173,7 +172,8 @@ def _train(task: Task, training: Training, state: dict, saved: dict, argv, log: 
     task.grad_scaler = grad_scaler_for(world.device, model.compute_dtype)
     if task.grad_scaler is not None and saved.get("grad_scaler"):
         task.grad_scaler.load_state_dict(saved["grad_scaler"])
-    memory = memory_estimate(settings, model, plan, world, resident)
+    memory = measure_training_memory(
+        unwrap(model), distributed.per_rank_batch(settings.batch_size, world), resident)
     log(f"speed: {plan.describe()}")
     log(f"memory: {memory.describe()}")
     if world.is_main:
@@ -181,7 +181,10 @@ def _train(task: Task, training: Training, state: dict, saved: dict, argv, log: 
     log(task.describe(world))
     train_model = distributed.wrap_model(model, world)
     step_model = torch.compile(train_model) if settings.compile else train_model
-    _epochs(task, step_model, training, plan, state, world, log)
+    try:
+        _epochs(task, step_model, training, plan, state, world, log)
+    except torch.cuda.OutOfMemoryError:
+        raise MemoryExceeded(_out_of_memory(world.device, memory, world.size)) from None
     results = None
     if world.is_main:
         results = (_unfinished_report(task, state) if state.get("stopped_for_time")
@@ -197,24 +200,12 @@ def steps_per_epoch(task: Task, world: World) -> int:
     return max(1, -(-size // distributed.per_rank_batch(task.settings.batch_size, world)))
 
 
-def memory_estimate(settings: TrainSettings, model, plan: SpeedPlan, world: World,
-                    resident: int = 0) -> MemoryEstimate:
-    """The estimated peak of one training step of this process (its share of the batch)."""
-    return estimate_training_memory(unwrap(model).config,
-                                    distributed.per_rank_batch(settings.batch_size, world),
-                                    plan.precision, plan.conv_impls, world.device.type, resident)
-
-
-def _out_of_memory(settings: TrainSettings, model, world: World, resident: int) -> str:
-    """The one line for a run that ran out of GPU memory: the estimate at its batch, the
-    GPU's size and the largest batch estimated to fit."""
-    plan, device = current_plan(unwrap(model)), world.device
-    estimate = memory_estimate(settings, model, plan, world, resident)
+def _out_of_memory(device: torch.device, memory: MemoryEstimate, processes: int) -> str:
+    """The one line for a run that ran out of GPU memory: the measured estimate at its
+    batch, the GPU's size and the largest batch estimated to fit."""
     total = device_memory(device)
-    fits = 0 if total is None else largest_batch(
-        unwrap(model).config, usable_gpu_bytes(total), plan.precision, plan.conv_impls,
-        device.type, resident)
-    return out_of_memory_message(str(device), estimate, total, fits * world.size)
+    fits = 0 if total is None else memory.largest_batch(usable_gpu_bytes(total))
+    return out_of_memory_message(str(device), memory, total, fits * processes)
 
 
 def _epochs(task: Task, step_model, training: Training, plan: SpeedPlan, state: dict,
@@ -406,16 +397,15 @@ def _restore(path: Path, task: Task, training: Training,
 def speed_plan_for(settings: TrainSettings, model, world: World,
                    saved: dict | None = None) -> SpeedPlan:
     """How the run computes: a resumed run on the same machine keeps its plan (the same
-    kernels, so the same numbers); otherwise rank 0 measures (or reads its cache) and
-    every rank follows it."""
+    kernels, so the same numbers); otherwise the rule of :func:`capsnet.tuning.choose_plan`,
+    rank 0's, which every rank follows."""
     plan = None
     if world.is_main:
         if saved is not None and saved.get("machine") == machine_description(world.device):
             plan = SpeedPlan.from_dict({**saved, "source": "checkpoint"})
         else:
-            plan = choose_plan(unwrap(model), world.device,
-                               distributed.per_rank_batch(settings.batch_size, world),
-                               precision=settings.precision, conv_impl=settings.conv_impl)
+            plan = choose_plan(unwrap(model), world.device, precision=settings.precision,
+                               conv_impl=settings.conv_impl)
     return distributed.broadcast_object(plan, world)
 
 

@@ -46,8 +46,8 @@ class TrainSettings:
     val_size: int | None = None  # held out, stratified; 0 for none; None: validation_size()
     seed: int = 0
     device: str = "auto"
-    precision: str = "auto"  # 'auto' (measured), 'fp32' or 'bf16' (autocast; routing in float32)
-    conv_impl: str = "auto"  # 'auto' (measured), 'gemm', 'native' or 'channels_last'
+    precision: str = "auto"  # 'auto' (bf16 where native), 'fp32', 'bf16' or 'fp16' (autocast)
+    conv_impl: str = "auto"  # 'auto' (gemm on a CPU, native elsewhere), 'native', 'channels_last'
     compile: bool = False  # torch.compile the model
     deterministic: bool = False  # cuDNN: deterministic algorithms instead of autotuning
     monitor_test: bool = False  # also evaluate the test set after every epoch (never for selection)

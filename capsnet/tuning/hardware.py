@@ -1,5 +1,5 @@
 """What machine this is: the CPU's model and flags, the GPU's name and compute capability,
-which low precisions it computes natively, one description for caches.
+whether it computes bf16 natively, one description for checkpoints.
 
 Every decision that depends on the hardware is a function of plain values (a device type,
 a capability tuple, a set of CPU flags), so that a CPU test checks what a GPU would get;
@@ -17,10 +17,8 @@ CPUINFO = Path("/proc/cpuinfo")
 # CPU flags (Linux names) of instructions that compute in bf16 natively; without them
 # PyTorch emulates bf16 in float32 and autocast only adds conversions.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-# NVIDIA GPUs compute bf16 natively from compute capability 8.0 (Ampere: A100, RTX 30xx) on;
-# fp16 tensor cores came with 7.0 (Volta: V100; 7.5 Turing: T4, RTX 20xx).
+# NVIDIA GPUs compute bf16 natively from compute capability 8.0 (Ampere: A100, RTX 30xx) on.
 BF16_MIN_CAPABILITY = (8, 0)
-FP16_MIN_CAPABILITY = (7, 0)
 Capability = tuple[int, int]
 
 
@@ -59,38 +57,25 @@ def device_name(device: torch.device) -> str:
     return cpu_info()[0]
 
 
-def native_low_precisions(device_type: str, capability: Capability | None = None,
-                          cpu_flags: frozenset[str] = frozenset()) -> list[str]:
-    """The 16-bit precisions worth timing against float32: 'bf16' where it is native (GPUs
-    of capability 8.0 on, CPUs with AVX512-BF16 or AMX), else 'fp16' on GPUs with fp16
-    tensor cores (7.x: V100, T4), else none. fp16 needs gradient scaling in training; where
-    bf16 is native it is preferred (float32's range, no scaler)."""
-    if device_type == "cuda" and capability is not None:
-        if capability >= BF16_MIN_CAPABILITY:
-            return ["bf16"]
-        return ["fp16"] if capability >= FP16_MIN_CAPABILITY else []
-    if device_type == "cpu" and any(flag in cpu_flags for flag in BF16_CPU_FLAGS):
-        return ["bf16"]
-    return []
-
-
-def low_precisions(device: torch.device) -> list[str]:
-    """:func:`native_low_precisions` of ``device`` (the GPU named, e.g. cuda:1)."""
-    return native_low_precisions(device.type, gpu_capability(device), cpu_info()[1])
+def has_native_bf16(device_type: str, capability: Capability | None = None,
+                    cpu_flags: frozenset[str] = frozenset()) -> bool:
+    """True where bf16 arithmetic runs natively: CUDA GPUs of compute capability 8.0 and
+    later, CPUs with AVX512-BF16 or AMX."""
+    if device_type == "cuda":
+        return capability is not None and capability >= BF16_MIN_CAPABILITY
+    return device_type == "cpu" and any(flag in cpu_flags for flag in BF16_CPU_FLAGS)
 
 
 def native_bf16(device: torch.device) -> bool:
-    """True where bf16 arithmetic runs natively: GPUs that compute in bf16 (compute
-    capability 8.0 and later), CPUs with AVX512-BF16 or AMX. Timing still decides."""
-    return "bf16" in low_precisions(device)
+    """:func:`has_native_bf16` of ``device`` (the GPU named, e.g. cuda:1)."""
+    return has_native_bf16(device.type, gpu_capability(device), cpu_info()[1])
 
 
 def describe_machine(device_type: str, name: str, torch_version: str, *, threads: int | None = None,
                      capability: Capability | None = None, cuda: str | None = None,
                      cudnn: int | None = None, backends: dict | None = None) -> dict:
-    """What a measured choice depends on. CPUs: the model and the thread count. GPUs: the
-    model, compute capability, CUDA and cuDNN versions; not the CPU threads (torchrun sets
-    OMP_NUM_THREADS=1 in each process, which says nothing about the GPU's kernels)."""
+    """What the kernels a run computes with depend on. CPUs: the model and the thread
+    count. GPUs: the model, compute capability, CUDA and cuDNN versions."""
     what = {"device": device_type, "name": name, "torch": torch_version}
     if device_type == "cuda":
         what.update(capability=list(capability) if capability else None, cuda=cuda, cudnn=cudnn)
