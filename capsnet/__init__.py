@@ -29,7 +29,8 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("load_pretrained", "pretrained_names"), "capsnet.pretrained"),
     "load_model": "capsnet.checkpoint",
     # layers
-    **dict.fromkeys(("squash", "PrimaryCaps", "DigitCaps", "Decoder"), "capsnet.layers"),
+    "squash": "capsnet.squashing",
+    **dict.fromkeys(("PrimaryCaps", "DigitCaps", "Decoder"), "capsnet.layers"),
     **dict.fromkeys(("Router", "Routed", "DynamicRouter", "EMRouter", "InvertedAttentionRouter",
                      "SelfAttentionRouter"), "capsnet.routing"),
     "LazyDigitCaps": "capsnet.layers.digit_caps",
@@ -38,7 +39,7 @@ _EXPORTS: dict[str, str] = {
                      "model_loss"), "capsnet.losses"),
     # using a model
     **dict.fromkeys(("predict", "Prediction"), "capsnet.inference"),
-    "to_model_input": "capsnet.data.augment",
+    "to_model_input": "capsnet.data.image_dataset",
     "prepare_for_model": "capsnet.preprocess",
     # data and training
     "ImageDataset": "capsnet.data.image_dataset",

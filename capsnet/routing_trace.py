@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from capsnet.data.augment import to_model_input
+from capsnet.data.image_dataset import to_model_input
 from capsnet.models import entry_of, unwrap
 from capsnet.models.entry import POSITION_MAJOR, TYPE_MAJOR, Children
 

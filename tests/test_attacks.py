@@ -23,9 +23,9 @@ from capsnet.attacks.ood import CORRUPTIONS, ood_row
 from capsnet.attacks.sanity import sanity_checks
 from capsnet.attacks.square import square_linf
 from capsnet.attacks.threat import prepare_for_attack
-from capsnet.layers import capsnet_routers
-from capsnet.layers.squash import squash
 from capsnet.models import CapsuleOutput, build_model, make_config
+from capsnet.routing import capsnet_routers
+from capsnet.squashing import squash
 from tests.attack_models import TINY_CAPSNET, fake_digits, trained
 
 N = 20
@@ -209,7 +209,7 @@ def test_vote_attack_works_for_each_router(routing, data):
 
 
 def test_vote_attack_refuses_models_without_votes(cnn, data):
-    with pytest.raises(ValueError, match="vector-capsule model"):
+    with pytest.raises(ValueError, match="needs a capsule model"):
         run_attack("vote", cnn, *data, 0.1)
 
 

@@ -16,7 +16,6 @@ from PIL import Image, ImageDraw
 from capsnet.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from capsnet.cli.main import main
 from capsnet.config import config_to_dict, conv_output_size
-from capsnet.layers.exp_squash import exp_squash
 from capsnet.losses import model_loss
 from capsnet.models import (
     EfficientCapsNet,
@@ -28,6 +27,7 @@ from capsnet.models import (
     model_name_of,
 )
 from capsnet.routing import ROUTERS, SelfAttentionRouter, router_class
+from capsnet.squashing import exp_squash
 from tests.helpers_routing import self_attention_reference
 
 # The paper's Table 1 / the public code's model summary: 161,824 trainable parameters.

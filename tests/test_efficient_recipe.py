@@ -17,7 +17,6 @@ from torch.optim.lr_scheduler import ExponentialLR
 from capsnet.checkpoint import load_checkpoint
 from capsnet.cli.args import settings_from_args
 from capsnet.cli.main import build_parser, main
-from capsnet.data.augment import to_model_input
 from capsnet.data.augment_efficient import (
     efficient_augment,
     erase,
@@ -31,6 +30,7 @@ from capsnet.data.augment_efficient import (
     rotation_draws,
     squeeze,
 )
+from capsnet.data.image_dataset import to_model_input
 from capsnet.training import TrainSettings
 from capsnet.training.loop import StepOptions, train_one_epoch
 from capsnet.training.metrics_log import read_metrics

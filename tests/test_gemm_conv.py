@@ -152,8 +152,7 @@ def test_the_gemm_path_is_twice_differentiable():
 
 def _capsnet_pair():
     """A tiny CapsNet on the GEMM path and the same one on PyTorch's convolution."""
-    from capsnet.models import CapsNetConfig
-    from capsnet.models import CapsNet
+    from capsnet.models import CapsNet, CapsNetConfig
     from capsnet.tuning import SpeedPlan, apply_plan
 
     torch.manual_seed(0)

@@ -36,5 +36,5 @@ def test_pretrained_capsnet_is_the_shipped_model():
     assert model.conv1.weight.dtype == torch.float32
     with pytest.raises(ConfigError, match="takes no config overrides"):
         create_model("capsnet", pretrained=True, routing="dynamic")
-    with pytest.raises(ValueError, match="no pretrained model 'cnn-tiny'; choose from capsnet"):
+    with pytest.raises(ValueError, match="no pretrained weights named 'cnn-tiny'"):
         create_model("cnn-tiny", pretrained=True)

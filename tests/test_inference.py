@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 import capsnet.checkpoint
 from capsnet.checkpoint import CheckpointError, load_model
 from capsnet.cli.main import main
-from capsnet.data.augment import to_model_input
+from capsnet.data.image_dataset import to_model_input
 from capsnet.inference import (
     Prediction,
     decode_pose,

@@ -13,12 +13,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "capsnet"
 # Each top-level module or subpackage of capsnet by layer, lowest first; a part imports only
 # from its own files and from parts of lower layers. "capsnet" is the package's __init__.
 LAYERS = [
-    ["config", "classes", "atomic"],  # leaves: numbers, names, whole files
-    ["layers", "data", "devices", "losses"],
+    ["config", "classes", "atomic", "squashing", "extras"],  # leaves
+    ["routing", "data", "devices", "losses"],
+    ["layers"],
     ["models"],  # assemblies and their registry
     ["checkpoint", "tuning", "preprocess", "routing_trace"],
     ["pretrained", "inference", "training", "export"],
-    ["hub", "experiments"],
+    ["hub", "experiments", "attacks"],
     ["figures"],
     ["capsnet"],  # the package's public names
     ["web"],

@@ -68,14 +68,6 @@ ENTRY = ModelEntry(name="toy", config=ToyConfig, model=ToyCapsNet, summary="a to
 @pytest.fixture
 def toy_registered(monkeypatch):
     monkeypatch.setitem(MODELS, "toy", ENTRY)  # the one line a new model adds
-    # The training log's memory estimate is a per-model formula (capsnet.tuning.memory)
-    # that a measurement replaces; until then a model without a formula trains without it.
-    from capsnet.training import runner
-    from capsnet.tuning.memory import MemoryEstimate
-
-    monkeypatch.setattr(runner, "memory_estimate",
-                        lambda settings, *_args, **_kw: MemoryEstimate(settings.batch_size, 0, {},
-                                                                       0, 0, 0))
 
 
 def test_a_toy_model_added_through_the_registry_trains_saves_loads_predicts_traces_exports(
@@ -98,7 +90,7 @@ def test_a_toy_model_added_through_the_registry_trains_saves_loads_predicts_trac
 
     trace = routing_trace(model, torch.from_numpy(images[:4]))
     assert trace.couplings.shape == (4, 3, 10, 12) and trace.grid == 1
-    torch.testing.assert_close(trace.lengths, model(torch.from_numpy(images[:4]).float()
+    torch.testing.assert_close(trace.scores, model(torch.from_numpy(images[:4]).float()
                                                     .unsqueeze(1) / 255).lengths)
 
     path = export_model(model, tmp_path / "toy.ts.pt", "torchscript")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from capsnet.layers.squash import squash
 from capsnet.models import CapsuleOutput, MatrixCapsuleOutput, class_scores
+from capsnet.squashing import squash
 
 RECONSTRUCTIVE_WEIGHT = 0.05  # per unit of summed squared pixel error (lengths are in [0, 1])
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from capsnet.losses import LAMBDA, M_MINUS, M_PLUS
-from capsnet.models import CapsuleOutput, class_scores
+from capsnet.models import CapsuleOutput, MatrixCapsuleOutput, class_scores
 
 # (output, labels (B,), targeted) -> (B,) per-example loss to maximise.
 AttackLoss = Callable[[object, torch.Tensor, bool], torch.Tensor]
@@ -33,6 +33,8 @@ def attack_scores(output) -> torch.Tensor:
     """(B, J) float32 scores the attack losses read: capsule lengths or CNN logits."""
     if isinstance(output, CapsuleOutput):
         return output.lengths.float()
+    if isinstance(output, MatrixCapsuleOutput):
+        return output.activations.float()
     return getattr(output, "logits", output).float()  # CNN, with or without a decoder
 
 

@@ -4,15 +4,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from capsnet.data.image_dataset import PIXEL_MAX
-
-
-def to_model_input(images: torch.Tensor) -> torch.Tensor:
-    """uint8 images (B, H, W) or (B, C, H, W) -> float32 (B, C, H, W) in [0, 1]."""
-    if images.dim() == 3:
-        images = images.unsqueeze(1)
-    return images.to(torch.float32) / PIXEL_MAX
-
 
 def random_shift(images: torch.Tensor, max_shift: int,
                  generator: torch.Generator | None = None) -> torch.Tensor:

@@ -23,6 +23,13 @@ CHANNEL_COUNTS = (1, 3)  # grey, RGB
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)  # RGB -> grey, ITU-R 601 (Pillow's "L" conversion)
 
 
+def to_model_input(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images (B, H, W) or (B, C, H, W) -> float32 (B, C, H, W) in [0, 1]."""
+    if images.dim() == 3:
+        images = images.unsqueeze(1)
+    return images.to(torch.float32) / PIXEL_MAX
+
+
 @dataclass
 class ImageDataset(Dataset):
     """Images with integer labels.
@@ -66,7 +73,6 @@ class ImageDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         """(image (C, H, W) float32 in [0, 1], label) of example ``index``."""
-        from capsnet.data.augment import to_model_input  # here: augment imports this module
 
         return to_model_input(self.images[index][None])[0], int(self.labels[index])
 

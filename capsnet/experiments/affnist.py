@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from capsnet.data.augment import to_model_input
+from capsnet.data.image_dataset import to_model_input
 from capsnet.data.splits import epoch_order
 from capsnet.data.transforms import AffineRanges, affine_set, canvas_offsets, place_at
 from capsnet.experiments import SEED_STRIDE, TEST_SEED

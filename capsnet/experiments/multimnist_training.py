@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from capsnet.data.augment import to_model_input
+from capsnet.data.image_dataset import to_model_input
 from capsnet.data.splits import epoch_order
 from capsnet.experiments import SEED_STRIDE, TEST_SEED
 from capsnet.experiments.multimnist import (

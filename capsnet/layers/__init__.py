@@ -5,7 +5,7 @@ from capsnet.layers.digit_caps import DigitCaps
 from capsnet.layers.gemm_conv import GemmConv2d
 from capsnet.layers.input_norm import InputNorm
 from capsnet.layers.primary_caps import PrimaryCaps
-from capsnet.layers.squash import full_precision, squash
+from capsnet.squashing import full_precision, squash
 
 __all__ = ["Decoder", "DigitCaps", "GemmConv2d", "InputNorm", "PrimaryCaps", "full_precision",
            "squash"]

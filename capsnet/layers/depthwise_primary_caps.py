@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from capsnet.layers.exp_squash import exp_squash
-from capsnet.layers.squash import full_precision
+from capsnet.squashing import exp_squash, full_precision
 
 
 class DepthwisePrimaryCaps(nn.Module):

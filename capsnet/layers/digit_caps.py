@@ -6,8 +6,8 @@ from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.parameter import UninitializedParameter
 
-from capsnet.layers.squash import full_precision
 from capsnet.routing import Routed, Router
+from capsnet.squashing import full_precision
 
 # Standard deviation of the initial transformation matrices (as in the reference code).
 W_INIT_STD = 0.01

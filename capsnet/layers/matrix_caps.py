@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from capsnet.layers.gemm_conv import GemmConv2d
-from capsnet.layers.squash import full_precision
 from capsnet.routing import Routed
 from capsnet.routing.em import FINAL_LAMBDA, EMRouter
+from capsnet.squashing import full_precision
 
 POSE_SIDE = 4  # 4x4 pose matrices
 POSE_SIZE = POSE_SIDE * POSE_SIDE

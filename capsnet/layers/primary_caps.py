@@ -6,7 +6,7 @@ from torch import nn
 
 from capsnet.config import conv_output_size
 from capsnet.layers.gemm_conv import GemmConv2d
-from capsnet.layers.squash import full_precision, squash
+from capsnet.squashing import full_precision, squash
 
 FEATURE_MAP_NDIM = 4  # (B, C, H, W)
 

@@ -6,8 +6,8 @@ from typing import NamedTuple
 
 import torch
 
-from capsnet.layers.squash import full_precision, squash
-from capsnet.routing import Routed, Router, fully_connected_only, uniform_couplings
+from capsnet.routing.base import Routed, Router, fully_connected_only, uniform_couplings
+from capsnet.squashing import full_precision, squash
 
 
 class RoutingStep(NamedTuple):

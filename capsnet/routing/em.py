@@ -45,8 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsnet.layers.squash import full_precision
-from capsnet.routing import Routed, Router
+from capsnet.routing.base import Routed, Router
+from capsnet.squashing import full_precision
 
 FINAL_LAMBDA = 0.01  # the authors' final inverse temperature (OpenReview)
 LAMBDA_GROWTH = 0.95  # lambda_t = FINAL_LAMBDA (1 - LAMBDA_GROWTH^(t + 1))

@@ -44,8 +44,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from capsnet.layers.squash import full_precision, squash
-from capsnet.routing import Routed, Router, fully_connected_only, uniform_couplings
+from capsnet.routing.base import Routed, Router, fully_connected_only, uniform_couplings
+from capsnet.squashing import full_precision, squash
 
 
 class InvertedAttentionRouter(Router):

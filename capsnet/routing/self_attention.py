@@ -26,9 +26,8 @@ import math
 import torch
 from torch import nn
 
-from capsnet.layers.exp_squash import exp_squash
-from capsnet.layers.squash import full_precision
-from capsnet.routing import Routed, Router
+from capsnet.routing.base import Routed, Router
+from capsnet.squashing import exp_squash, full_precision
 
 
 def self_attention_couplings(u_hat: torch.Tensor) -> torch.Tensor:

@@ -1,16 +1,42 @@
-"""Efficient-CapsNet's squash (Mazzia, Salvetti & Chiaberge 2021, Methods, "Primary capsules"):
-
-    squash(s) = (1 - 1 / e^|s|) * s / |s|
-
-It saturates faster than Sabour et al.'s |s|^2 / (1 + |s|^2) (half length at |s| = ln 2
-instead of 1) and is close to the identity for short vectors (the factor (1 - e^-|s|) / |s|
-tends to 1), where Sabour's shrinks them quadratically. The public code (EscVM/
-Efficient-CapsNet, utils/layers.py, class ``Squash``) writes it as
-``(1 - 1/(exp(n) + eps)) * (s / (n + eps))`` with eps = 1e-20.
-"""
+"""The capsule non-linearities, safe at zero and for huge vectors: ``squash`` (Sabour et al.
+2017, Eq. 1) and Efficient-CapsNet's ``exp_squash`` (Mazzia, Salvetti & Chiaberge 2021,
+"Primary capsules"): (1 - 1 / e^|s|) s / |s|, which saturates faster (half length at
+|s| = ln 2 instead of 1) and is close to the identity for short vectors. A leaf module: the
+layers and the routers both use it."""
 from __future__ import annotations
 
 import torch
+
+# Added under the square root so that the gradient at s = 0 stays finite.
+SQUASH_EPS = 1e-12
+
+
+def full_precision(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 when it is in a 16-bit float type (autocast), else as it is."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """v = |s|^2 / (1 + |s|^2) * s / |s|, along ``dim``.
+
+    The vector is first divided by its largest absolute entry, so no square overflows
+    even for entries near the float32 limit, and the length factor avoids both
+    cancellation for short vectors and inf/inf for huge ones.
+    Because the result is identical for any positive rescaling constant, the
+    rescaling is detached and the gradient is exact.
+
+    Input: any shape (..., D, ...). Output: same shape, length along ``dim`` in [0, 1).
+    """
+    scale = s.detach().abs().amax(dim=dim, keepdim=True).clamp_min(torch.finfo(s.dtype).tiny)
+    t = s / scale  # entries in [-1, 1]
+    t_norm = torch.sqrt(t.pow(2).sum(dim=dim, keepdim=True) + SQUASH_EPS)
+    n2 = (scale * t_norm).pow(2)  # |s|^2, inf for huge vectors
+    # |s|^2 / (1 + |s|^2): written directly for short vectors (no cancellation), and as
+    # 1 - 1 / (1 + |s|^2) for long ones (no inf / inf); each branch sees safe inputs only.
+    short = n2 < 1
+    factor = torch.where(short, n2 / (1 + n2.masked_fill(~short, 0)), 1 - 1 / (1 + n2))
+    return t / t_norm * factor
+
 
 # Short vectors use the factor's Taylor series (1 - e^-n) / n = 1 - n/2 + n^2/6 - n^3/24 +
 # n^4/120: exact at s = 0 (where the gradient is the identity), free of the closed form's
