@@ -1,6 +1,5 @@
-"""`capsnet affnist train|evaluate`: the paper's affNIST protocol. Train on MNIST digits at
-random places on a 40x40 canvas; compare models on placed MNIST and on affine-transformed
-40x40 digits."""
+"""`capsnet affnist train|evaluate`: the paper's affNIST protocol (40x40 placed MNIST
+training, placed and affine-transformed test digits)."""
 from __future__ import annotations
 
 import argparse

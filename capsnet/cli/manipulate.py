@@ -69,8 +69,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def chosen_images(args: argparse.Namespace, model: torch.nn.Module) -> torch.Tensor:
-    """uint8 images (K, [C,] H, W): the user's own images, or for each of --classes the first
-    test image of that class the model classifies correctly (else the first of that class)."""
+    """uint8 images (K, [C,] H, W): your own, or per class its first correctly classified
+        test image (else its first)."""
     if args.image:
         return torch.stack([torch.from_numpy(_prepare(name, model.config))
                             for name in args.image])

@@ -47,8 +47,7 @@ def add_parser(subparsers) -> None:
 
 
 def expand_inputs(names: list[str]) -> list[str]:
-    """Command-line names -> sources: '-' stays, a folder becomes its image files (sorted),
-    anything else is kept as a path (its errors are reported when it is read)."""
+    """Names -> sources: '-' stays, a folder becomes its image files (sorted), else a path."""
     suffixes = {s.lower() for s in Image.registered_extensions()}
     sources = []
     for name in names:
@@ -63,8 +62,7 @@ def expand_inputs(names: list[str]) -> list[str]:
 
 
 def read_source(name: str, config) -> np.ndarray:
-    """One source -> uint8 (C, H, W) prepared for the model with ``config``; raises
-    PreprocessError."""
+    """One source -> uint8 (C, H, W) for the model with ``config``; PreprocessError."""
     if name == STDIN:
         return prepare_for_model(sys.stdin.buffer.read(), config)
     if Path(name).is_dir():
@@ -100,8 +98,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def format_prediction(p: Prediction) -> str:
-    """'my_seven.jpg: 7  length 0.912   then 1 (0.143), 9 (0.088)' for digits named by
-    their index; 'shoe.png: Sneaker (7)  length 0.910   then Sandal (5) 0.051, ...' else."""
+    """'my_seven.jpg: 7  length 0.912   then 1 (0.143), 9 (0.088)', with class names
+        'shoe.png: Sneaker (7)  length 0.910   then Sandal (5) 0.051'."""
     line = f"{p.source}: {_label(p, p.digit)}  length {p.length:.3f}"
     if _named(p):
         others = ", ".join(f"{_label(p, d)} {s:.3f}" for d, s in p.alternatives)
@@ -125,8 +123,7 @@ def grey_levels(image: np.ndarray) -> np.ndarray:
 
 
 def ascii_pair(image: np.ndarray, reconstruction: np.ndarray | None) -> str:
-    """Two uint8 images (H, W) or (H, W, 3) side by side as text (their brightness), two
-    characters per pixel."""
+    """Two uint8 images (H, W[, 3]) side by side as text, two characters per pixel."""
     panels = [grey_levels(image)] + ([grey_levels(reconstruction)]
                                      if reconstruction is not None else [])
     width = 2 * image.shape[1]

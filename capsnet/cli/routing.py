@@ -71,8 +71,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 def draw(trace: RoutingTrace, images: np.ndarray, scores: np.ndarray, titles: list[str],
          wrong: list[bool], names: list[str], out: str) -> Path:
-    """The trace's figure: maps on the children's grid, or per capsule type where that grid
-    is a single cell."""
+    """The trace's figure: maps on the children's grid, or per capsule type for a 1x1 grid."""
     from capsnet.figures import routing_figure, routing_types_figure
 
     shared = dict(wrong=wrong, class_names=names, symbol=trace.coupling_symbol,
@@ -87,8 +86,7 @@ def draw(trace: RoutingTrace, images: np.ndarray, scores: np.ndarray, titles: li
 
 
 def test_images(args: argparse.Namespace, config) -> tuple[np.ndarray, list[str], list[int]]:
-    """The --index test images (K, H, W) or (K, C, H, W) uint8 as the model sees them,
-    title stems and labels."""
+    """The --index test images (K, [C,] H, W) uint8, title stems and labels."""
     test = load_cli_test_set(args, config)
     bad = [i for i in args.index if not 0 <= i < len(test)]
     if bad:
@@ -102,8 +100,7 @@ def test_images(args: argparse.Namespace, config) -> tuple[np.ndarray, list[str]
 
 
 def own_images(names: list[str], config) -> tuple[np.ndarray, list[str], list[None]]:
-    """The user's images prepared for the model (K, C, H, W) uint8 and title stems; a file
-    that cannot be used stops the command with a one-line error naming it."""
+    """Your images prepared for the model (K, C, H, W) uint8 and title stems."""
     images, titles = [], []
     for name in expand_inputs(names):
         shown = STDIN_NAME if name == STDIN else name

@@ -1,13 +1,4 @@
-"""Efficient-CapsNet's squash (Mazzia, Salvetti & Chiaberge 2021, Methods, "Primary capsules"):
-
-    squash(s) = (1 - 1 / e^|s|) * s / |s|
-
-It saturates faster than Sabour et al.'s |s|^2 / (1 + |s|^2) (half length at |s| = ln 2
-instead of 1) and is close to the identity for short vectors (the factor (1 - e^-|s|) / |s|
-tends to 1), where Sabour's shrinks them quadratically. The public code (EscVM/
-Efficient-CapsNet, utils/layers.py, class ``Squash``) writes it as
-``(1 - 1/(exp(n) + eps)) * (s / (n + eps))`` with eps = 1e-20.
-"""
+"""Efficient-CapsNet's squash (Mazzia et al. 2021): squash(s) = (1 - 1 / e^|s|) s / |s|."""
 from __future__ import annotations
 
 import torch
@@ -27,14 +18,8 @@ def short_length(dtype: torch.dtype) -> float:
 
 
 def exp_squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """v = (1 - e^-|s|) s / |s| along ``dim``; input any shape (..., D, ...), output the
-    same shape with lengths in [0, 1).
-
-    Long vectors: the direction is computed from ``s`` divided by its largest absolute
-    entry (detached, so the gradient is exact), so no square overflows even for entries
-    near the float32 limit. Short vectors (|s| < short_length): s times the Taylor series
-    of the factor. Each branch sees only safe inputs, so no NaN reaches a gradient.
-    """
+    """v = (1 - e^-|s|) s / |s| along ``dim``, same shape, lengths in [0, 1); long vectors
+        scaled by their largest entry first, short ones by a Taylor series, so no NaN gradient."""
     scale = s.detach().abs().amax(dim=dim, keepdim=True).clamp_min(torch.finfo(s.dtype).tiny)
     t = s / scale  # entries in [-1, 1], the largest is +-1 unless s == 0
     t_norm = torch.linalg.vector_norm(t, dim=dim, keepdim=True)  # in [1, sqrt(D)] or 0

@@ -14,10 +14,8 @@ from capsnet.models.precision import autocast_to
 
 @dataclass(frozen=True)
 class CNNConfig(DataConfig):
-    """The paper's baseline CNN: three 5x5 conv layers, FC 328, FC 192, dropout.
-
-    ``pool`` > 1 max-pools by that factor after every convolution (the paper's CNN has no
-    pooling; the ``tiny`` preset, a plain small CNN, pools by 2)."""
+    """The paper's baseline CNN: three 5x5 convolutions, FC 328, FC 192, dropout; ``pool`` > 1
+        max-pools after every convolution (the ``tiny`` preset)."""
 
     conv_channels: tuple[int, ...] = (256, 256, 128)
     conv_kernel: int = 5
@@ -38,11 +36,7 @@ class CNNConfig(DataConfig):
 
 
 class CNNBaseline(nn.Module):
-    """Three 'same'-padded 5x5 conv layers with ReLU (each max-pooled when ``config.pool``
-    > 1), then FC 328 -> FC 192 -> classes, with dropout before the last layer. Input
-    (B, C, H, W); output logits (B, classes), float32. ``compute_dtype`` (None: float32) is
-    the autocast dtype of the whole network; the convolutions' implementation is chosen
-    like CapsNet's (:mod:`capsnet.tuning`)."""
+    """(B, C, H, W) -> logits (B, classes), float32; ``compute_dtype`` is the autocast dtype."""
 
     def __init__(self, config: CNNConfig = CNNConfig()):
         super().__init__()
