@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from capsnet.data.augment import center_crop
 from capsnet.data.decode import RESAMPLE, flatten_image, image_array
 from capsnet.data.image_dataset import PIXEL_MAX
 from capsnet.data.policy import is_digit_model
@@ -224,13 +225,6 @@ def fit_digit(field: np.ndarray, size: int) -> np.ndarray:
     return canvas
 
 
-def center_crop_array(image: np.ndarray, size: int) -> np.ndarray:
-    """The central size x size window of image (C, H, W), as training crops are evaluated."""
-    H, W = image.shape[-2:]
-    top, left = (H - size) // 2, (W - size) // 2
-    return np.ascontiguousarray(image[..., top:top + size, left:left + size])
-
-
 def prepare_for_model(source: ImageSource, config) -> np.ndarray:
     """An own image -> uint8 (C, H, W) for the model with ``config`` (digit or plain
     preparation, then the centre crop of a model trained on crops)."""
@@ -239,4 +233,4 @@ def prepare_for_model(source: ImageSource, config) -> np.ndarray:
         image = fit_digit(prepare_image(source), side)[None]  # (1, side, side)
     else:
         image = prepare_plain(source, side, config.in_channels)  # (C, side, side)
-    return center_crop_array(image, config.image_size)  # (C, H, W)
+    return np.ascontiguousarray(center_crop(image, config.image_size))  # (C, H, W)

@@ -30,7 +30,7 @@ from capsnet.data.decode import IMAGE_EXTENSIONS, BadImageError, decode_image_fi
 from capsnet.data.folder_cache import cache_path, load_cached, save_cached
 from capsnet.data.image_dataset import ImageDataset
 from capsnet.data.sources import default_cache_dir
-from capsnet.data.splits import stratified_split
+from capsnet.data.splits import held_out
 
 NAME = "folder"
 TRAIN_DIR, TEST_DIR = "train", "test"
@@ -240,8 +240,7 @@ def _build(layout: FolderLayout, image_size: int | None, channels: int | None,
         train_images = torch.from_numpy(images[:len(train)])  # (N_train, C, H, W)
         train_labels = labels
     else:
-        test_size = min(max(1, round(test_fraction * len(train))), len(train) - 1)
-        train_index, test_index = stratified_split(labels, test_size, seed)
+        train_index, test_index = held_out(labels, test_fraction, seed)
         test_index = test_index[training_order(len(test_index))]  # mixed classes
         info["test_split"] = {"seed": seed, "fraction": test_fraction,
                               "files": [layout.relative(train[i][0]) for i in test_index.tolist()]}

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from capsnet.data.splits import stratified_split
+from capsnet.data.splits import held_out
 
 PIXEL_MAX = 255  # uint8 images: 0 (black) .. PIXEL_MAX (white); model inputs are pixel / PIXEL_MAX
 GREY_NDIM = 3  # (N, H, W)
@@ -209,8 +209,7 @@ def held_out_split(dataset: ImageDataset, fraction: float, seed: int = 0
                    ) -> tuple[ImageDataset, ImageDataset]:
     """(the rest, a stratified ``fraction`` of ``dataset``): a test set for data that has
     none, the same for every run with ``seed``."""
-    held = min(max(1, round(fraction * len(dataset))), len(dataset) - 1)
-    kept, taken = stratified_split(dataset.labels, held, seed)
+    kept, taken = held_out(dataset.labels, fraction, seed)
     split = dataclasses.replace(dataset, info={**dataset.info, "test_split": {
         "seed": seed, "fraction": fraction, "indices": taken.tolist()}})
     return split.subset(kept), split.subset(taken)

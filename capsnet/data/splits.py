@@ -31,6 +31,14 @@ def stratified_split(labels: torch.Tensor, val_size: int,
     return (~is_val).nonzero().squeeze(1), val
 
 
+def held_out(labels: torch.Tensor, fraction: float,
+             seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, held out) indices: a stratified ``fraction`` of labels (N,), at least one of
+    each side."""
+    n = labels.numel()
+    return stratified_split(labels, min(max(1, round(fraction * n)), n - 1), seed)
+
+
 def epoch_order(n: int, seed: int, epoch: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The shuffled order of ``n`` examples for one epoch, a function of (seed, epoch) only,
     so that a resumed run sees exactly the batches it would have seen."""
