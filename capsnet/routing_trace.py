@@ -28,7 +28,7 @@ __all__ = ["POSITION_MAJOR", "TYPE_MAJOR", "Children", "RoutingTrace", "has_rout
 @dataclass(frozen=True)
 class RoutingTrace:
     """Every routing iteration of the class-capsule layer for B images: R iterations, J
-        classes, I = types * G * G children; float32."""
+    classes, I = types * G * G children; float32."""
 
     couplings: torch.Tensor  # (B, R, J, I) used by iteration r (Routed.couplings)
     # (B, R, J, I) u_hat . v after iteration r (the last is unused); None for a router
@@ -122,7 +122,7 @@ def has_routing(model: nn.Module) -> bool:
 @torch.no_grad()
 def routing_trace(model: nn.Module, images: torch.Tensor) -> RoutingTrace:
     """Trace the routing into ``model``'s class capsules for ``images``, float (B, C, H, W)
-        in [0, 1] or uint8; ValueError for a model without routing."""
+    in [0, 1] or uint8; ValueError for a model without routing."""
     model = unwrap(model)
     if not has_routing(model):
         raise ValueError(f"routing needs a CapsNet (capsnet, efficient or em); this model is a "

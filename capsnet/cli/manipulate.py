@@ -70,7 +70,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 def chosen_images(args: argparse.Namespace, model: torch.nn.Module) -> torch.Tensor:
     """uint8 images (K, [C,] H, W): your own, or per class its first correctly classified
-        test image (else its first)."""
+    test image (else its first)."""
     if args.image:
         return torch.stack([torch.from_numpy(_prepare(name, model.config))
                             for name in args.image])

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 def format_prediction(p: Prediction) -> str:
     """'my_seven.jpg: 7  length 0.912   then 1 (0.143), 9 (0.088)', with class names
-        'shoe.png: Sneaker (7)  length 0.910   then Sandal (5) 0.051'."""
+    'shoe.png: Sneaker (7)  length 0.910   then Sandal (5) 0.051'."""
     line = f"{p.source}: {_label(p, p.digit)}  length {p.length:.3f}"
     if _named(p):
         others = ", ".join(f"{_label(p, d)} {s:.3f}" for d, s in p.alternatives)

@@ -40,7 +40,7 @@ def half_normal(shape: tuple[int, ...], generator: torch.Generator | None,
 
 def gather_pixels(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """images[b, :, rows[b, i, j], cols[b, i, j]], zero outside.
-        images (B, C, H, W); rows, cols (B, H', W') long -> (B, C, H', W')."""
+    images (B, C, H, W); rows, cols (B, H', W') long -> (B, C, H', W')."""
     B, C, H, W = images.shape
     inside = (rows >= 0) & (rows < H) & (cols >= 0) & (cols < W)  # (B, H', W')
     index = rows.clamp(0, H - 1) * W + cols.clamp(0, W - 1)  # (B, H', W')
@@ -52,8 +52,8 @@ def gather_pixels(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) 
 
 def rotate(images: torch.Tensor, degrees: torch.Tensor) -> torch.Tensor:
     """Each image turned counter-clockwise by its ``degrees`` about (W/2, H/2), bilinear,
-        zero outside, as OpenCV's warpAffine does it (bit-identical on MNIST digits).
-        images (B, C, H, W) float; degrees (B,) -> (B, C, H, W)."""
+    zero outside, as OpenCV's warpAffine does it (bit-identical on MNIST digits).
+    images (B, C, H, W) float; degrees (B,) -> (B, C, H, W)."""
     B, C, H, W = images.shape
     device = images.device
     dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
@@ -76,7 +76,7 @@ def rotate(images: torch.Tensor, degrees: torch.Tensor) -> torch.Tensor:
 def opencv_subpixel(per_col: torch.Tensor,
                     per_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A source coordinate as OpenCV's warpAffine rounds it (1/1024, then 1/32 pixel).
-        per_col (B, W), per_row (B, H) float -> (B, H, W) long whole pixels, (B, H, W) fractions."""
+    per_col (B, W), per_row (B, H) float -> (B, H, W) long whole pixels, (B, H, W) fractions."""
     fixed = ((per_col * FIXED_POINT).round()[:, None, :]
              + (per_row * FIXED_POINT).round()[:, :, None]).long()  # (B, H, W), 1/1024 pixel
     step = FIXED_POINT // SUBPIXEL
@@ -88,7 +88,7 @@ def opencv_subpixel(per_col: torch.Tensor,
 def rotation_draws(batch: int, generator: torch.Generator | None,
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Whole degrees int(30 r), r ~ N(0, 0.33) clipped to +-0.9999, and whether each image
-        is turned (half of the time). Returns (B,) float32 and (B,) bool."""
+    is turned (half of the time). Returns (B,) float32 and (B,) bool."""
     r = clipped_normal((batch, 2), generator, device)  # (B, 2)
     return (r[:, 0] * MAX_DEGREES).trunc(), r[:, 1] <= 0
 
@@ -103,7 +103,7 @@ def random_rotate(images: torch.Tensor, generator: torch.Generator | None = None
 
 def margins(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Empty columns left and right of the ink, empty rows above and below (0 if blank).
-        images (B, C, H, W) -> left, right, top, bottom, each (B,) long."""
+    images (B, C, H, W) -> left, right, top, bottom, each (B,) long."""
     cols = (images.sum(dim=(1, 2)) > 0).int()  # (B, W)
     rows = (images.sum(dim=(1, 3)) > 0).int()  # (B, H)
     # argmax finds the first maximum: the first inked column from either side
@@ -113,7 +113,7 @@ def margins(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
 def margin_shift(before: torch.Tensor, after: torch.Tensor, fraction: torch.Tensor,
                  forward: torch.Tensor) -> torch.Tensor:
     """Pixels to move along one axis, toward the start or (``forward``) the end, within
-        the margin. before, after (B,); fraction (B,) in [0, 1); forward (B,) bool -> (B,) long."""
+    the margin. before, after (B,); fraction (B,) in [0, 1); forward (B,) bool -> (B,) long."""
     back = torch.floor(-fraction * before)  # (B,)
     ahead = torch.floor(fraction * (1 + after))  # (B,)
     return torch.where(forward, ahead, back).long()
@@ -121,7 +121,7 @@ def margin_shift(before: torch.Tensor, after: torch.Tensor, fraction: torch.Tens
 
 def roll(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
     """Each image rolled down by dy and right by dx (tf.roll).
-        images (B, C, H, W); dy, dx (B,) long -> (B, C, H, W)."""
+    images (B, C, H, W); dy, dx (B,) long -> (B, C, H, W)."""
     B, C, H, W = images.shape
     device = images.device
     rows = (torch.arange(H, device=device) - dy[:, None]) % H  # (B, H)
@@ -133,7 +133,7 @@ def roll(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tens
 def random_margin_shift(images: torch.Tensor,
                         generator: torch.Generator | None = None) -> torch.Tensor:
     """Each image moved in x and y by a fraction min(|N(0, 0.33)|, 0.9999) of its free
-        margin on a random side. (B, C, H, W) -> (B, C, H, W)."""
+    margin on a random side. (B, C, H, W) -> (B, C, H, W)."""
     B, device = images.shape[0], images.device
     left, right, top, bottom = margins(images)
     forward = torch.rand((B, 2), generator=generator, device=device) >= 0.5  # floor(2u) == 1
@@ -156,8 +156,8 @@ def lanczos3(x: torch.Tensor) -> torch.Tensor:
 
 def squeeze_weights(size: int, cut: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
     """Per image, the (size, size) matrix resizing a row to size - cut pixels (TensorFlow's
-        antialiased Lanczos-3 scale_and_translate) placed from column cut // 2 + extra.
-        cut, extra (B,) long -> (B, size, size), [b, output column, input column]."""
+    antialiased Lanczos-3 scale_and_translate) placed from column cut // 2 + extra.
+    cut, extra (B,) long -> (B, size, size), [b, output column, input column]."""
     device = cut.device
     out_size = (size - cut).float()[:, None, None]  # (B, 1, 1)
     inv_scale = size / out_size  # (B, 1, 1): the kernel's width, > 1 (a downscale)
@@ -176,7 +176,7 @@ def squeeze_weights(size: int, cut: torch.Tensor, extra: torch.Tensor) -> torch.
 
 def squeeze(images: torch.Tensor, cut: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
     """Each image's width resized to W - cut, placed from column cut // 2 + extra on zeros.
-        images (B, C, H, W); cut, extra (B,) long -> (B, C, H, W)."""
+    images (B, C, H, W); cut, extra (B,) long -> (B, C, H, W)."""
     weights = squeeze_weights(images.shape[-1], cut.to(images.device), extra.to(images.device))
     return torch.einsum("bchs,bjs->bchj", images, weights.to(images.dtype))  # (B, C, H, W)
 
@@ -184,7 +184,7 @@ def squeeze(images: torch.Tensor, cut: torch.Tensor, extra: torch.Tensor) -> tor
 def random_squeeze(images: torch.Tensor,
                    generator: torch.Generator | None = None) -> torch.Tensor:
     """Each image squeezed by floor(W/4 r + 1) columns at cut // 2 + floor(2 r').
-        (B, C, H, W) -> (B, C, H, W)."""
+    (B, C, H, W) -> (B, C, H, W)."""
     B, W = images.shape[0], images.shape[-1]
     r = half_normal((B, 2), generator, images.device)  # (B, 2)
     cut = torch.floor(r[:, 0] * (W / SQUEEZE_FRACTION) + 1).long()  # (B,)
@@ -197,7 +197,7 @@ def random_squeeze(images: torch.Tensor,
 def erase(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor,
           size: int = ERASE_SIZE) -> torch.Tensor:
     """The ``size`` x ``size`` patch at (``top``, ``left``) set to zero.
-        images (B, C, H, W); top, left (B,) long -> (B, C, H, W)."""
+    images (B, C, H, W); top, left (B,) long -> (B, C, H, W)."""
     H, W = images.shape[-2:]
     device = images.device
     rows = torch.arange(H, device=device) - top[:, None]  # (B, H)

@@ -21,8 +21,8 @@ AFFINE_DRAWS = 6  # uniform numbers per image: rotation, shear, scale x, scale y
 @dataclass(frozen=True)
 class AffineRanges:
     """Ranges of the random affine maps, after affNIST, each drawn uniformly per image:
-        rotation, horizontal shear (x' = x + shear * y), x and y scale; then a translation
-        uniform over the positions keeping the digit's bounding box inside."""
+    rotation, horizontal shear (x' = x + shear * y), x and y scale; then a translation
+    uniform over the positions keeping the digit's bounding box inside."""
 
     max_rotation_deg: float = 20.0
     max_shear: float = 0.2
@@ -37,7 +37,7 @@ class AffineRanges:
 @dataclass
 class AffineParams:
     """Per-image parameters, each (N,) float32 on the CPU; ``position`` (N, 2) in [0, 1]
-        picks the translation within its allowed range."""
+    picks the translation within its allowed range."""
 
     rotation_deg: torch.Tensor
     shear: torch.Tensor
@@ -51,7 +51,7 @@ class AffineParams:
 
 def sample_affine(n: int, ranges: AffineRanges = AffineRanges(), seed: int = 0) -> AffineParams:
     """``n`` parameter sets from a CPU generator seeded with ``seed``; image i's draws are
-        row i of one (n, 6) tensor, so the first k images' parameters do not depend on n."""
+    row i of one (n, 6) tensor, so the first k images' parameters do not depend on n."""
     g = torch.Generator().manual_seed(seed)
     u = torch.rand(n, AFFINE_DRAWS, generator=g)  # (n, 6)
     low, high = ranges.scale
@@ -82,8 +82,8 @@ def warp(images: torch.Tensor, matrix: torch.Tensor, translation: torch.Tensor |
          out_size: int | None = None) -> torch.Tensor:
     """Apply p' = matrix (p - centre_in) + centre_out + translation.
 
-        images: (N, H, W) or (N, C, H, W), square; matrix: (N, 2, 2) or (2, 2); translation:
-        (N, 2) pixels or None. Output: ``out_size`` square (default: the input's), same dtype."""
+    images: (N, H, W) or (N, C, H, W), square; matrix: (N, 2, 2) or (2, 2); translation:
+    (N, 2) pixels or None. Output: ``out_size`` square (default: the input's), same dtype."""
     squeeze = images.dim() == 3
     x = images.unsqueeze(1) if squeeze else images  # (N, C, H, W)
     N, C, H, W = x.shape
@@ -118,7 +118,7 @@ def rotate(images: torch.Tensor, angle_deg: float | torch.Tensor,
 
 def bounding_boxes(images: torch.Tensor) -> torch.Tensor:
     """Ink extent (N, 4) as (x_min, x_max, y_min, y_max) in centred pixel coordinates;
-        an empty image gets a zero-size box at its centre."""
+    an empty image gets a zero-size box at its centre."""
     N, H, W = images.shape
     ink = images > 0  # (N, H, W)
     cols, rows = ink.any(dim=1), ink.any(dim=2)  # (N, W), (N, H)
@@ -141,7 +141,7 @@ def bounding_boxes(images: torch.Tensor) -> torch.Tensor:
 def inside_translation(boxes: torch.Tensor, matrix: torch.Tensor, position: torch.Tensor,
                        out_size: int) -> torch.Tensor:
     """Translations (N, 2) keeping each transformed box (N, 4) inside ``out_size``;
-        ``position`` (N, 2) in [0, 1] goes from the leftmost (topmost) place to the rightmost."""
+    ``position`` (N, 2) in [0, 1] goes from the leftmost (topmost) place to the rightmost."""
     x0, x1, y0, y1 = boxes.unbind(-1)  # (N,) each
     corners = torch.stack([torch.stack([x0, y0], -1), torch.stack([x1, y0], -1),
                            torch.stack([x0, y1], -1), torch.stack([x1, y1], -1)], 1)  # (N, 4, 2)
@@ -176,7 +176,7 @@ def affine_set(images: torch.Tensor, ranges: AffineRanges = AffineRanges(), seed
 def place_on_canvas(images: torch.Tensor, canvas: int,
                     generator: torch.Generator | None = None) -> torch.Tensor:
     """Each image (N, H, W) at a random integer position (centred without ``generator``) on
-        a black ``canvas`` square -> (N, canvas, canvas), same dtype, by one gather."""
+    a black ``canvas`` square -> (N, canvas, canvas), same dtype, by one gather."""
     N, H, W = images.shape
     top, left = canvas_offsets(N, (H, W), canvas, generator, images.device)
     return place_at(images, canvas, top, left)

@@ -31,8 +31,8 @@ def reconstruction_figure(images: np.ndarray, reconstructions: np.ndarray, label
                           label_reconstructions: np.ndarray | None = None,
                           class_names: Sequence[str] | None = None) -> Path:
     """Figure 3: inputs (N, H, W[, 3]) uint8 over their reconstructions from the predicted
-        capsule, titled 'label -> prediction', errors in red; ``label_reconstructions`` adds,
-        for errors, the reconstruction from the true label's capsule."""
+    capsule, titled 'label -> prediction', errors in red; ``label_reconstructions`` adds,
+    for errors, the reconstruction from the true label's capsule."""
     N = len(images)
     columns = max(1, min(columns, N))
     chunks = -(-N // columns)  # ceil
@@ -71,7 +71,7 @@ def _name(index: int, class_names: Sequence[str] | None) -> str:
 def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int | str],
                         deltas: Sequence[float], path: str | os.PathLike) -> Path:
     """Figure 4: per class a grid (D, S, H, W[, 3]) uint8, row d with dimension d moved by
-        each of the S ``deltas``; titled 'digit 7' for an index, by the name otherwise."""
+    each of the S ``deltas``; titled 'digit 7' for an index, by the name otherwise."""
     D, S = grids[0].shape[:2]
     fig = Figure(figsize=(len(grids) * (S * GRID_CELL_INCHES + MARGIN_INCHES),
                           D * GRID_CELL_INCHES + 2 * MARGIN_INCHES), layout="constrained")

@@ -61,8 +61,8 @@ def pairs_figure(images: torch.Tensor, first: torch.Tensor, second: torch.Tensor
                  labels: torch.Tensor, predicted: torch.Tensor, path: str | os.PathLike) -> Path:
     """MultiMNIST pairs and their two reconstructions (the paper's Figure 5).
 
-        images (K, H, W) uint8; first, second (K, H, W) float in [0, 1]; labels, predicted
-        (K, 2). Rows: input, first (red), second (green), both overlaid."""
+    images (K, H, W) uint8; first, second (K, H, W) float in [0, 1]; labels, predicted
+    (K, 2). Rows: input, first (red), second (green), both overlaid."""
     count = images.shape[0]
     first, second = first.float().cpu().clamp(0, 1), second.float().cpu().clamp(0, 1)
     dark = torch.zeros_like(first)  # (K, H, W)

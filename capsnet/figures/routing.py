@@ -89,8 +89,8 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
                    class_names: Sequence[str] | None = None, symbol: str = "c",
                    support_label: str = "|c\u00b7\u00fb|", children: str = "primary") -> Path:
     """One row per image: images N of (H, W[, 3]) uint8; coupling_maps, support_maps
-        (N, R, J, G, G) from :class:`capsnet.routing_trace.RoutingTrace`; scores (N, J); titles
-        (red where ``wrong``); centres (G,) and field of the children's grid."""
+    (N, R, J, G, G) from :class:`capsnet.routing_trace.RoutingTrace`; scores (N, J); titles
+    (red where ``wrong``); centres (G,) and field of the children's grid."""
     N, R, J = coupling_maps.shape[:3]
     first = np.asarray(coupling_maps)[:, 0]  # (N, J, G, G) iteration 1's couplings
     first_uniform = bool(np.ptp(first) == 0)  # dynamic and inverted-attention routing: 1/J
@@ -149,7 +149,7 @@ def routing_types_figure(images: Sequence[np.ndarray], type_maps: np.ndarray,
                          support_label: str = "|c\u00b7\u00fb|",
                          children: str = "primary") -> Path:
     """The routing per capsule type for a 1x1 grid: per image the input, each iteration's
-        (J x T) couplings and the last support per type; type_maps, type_support (N, R, J, T)."""
+    (J x T) couplings and the last support per type; type_maps, type_support (N, R, J, T)."""
     N, R, J, T = type_maps.shape
     columns = 1 + R + 1  # input, R coupling matrices, support
     matrix_inches = max(PANEL_INCHES, PANEL_INCHES * T / J)

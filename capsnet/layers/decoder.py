@@ -7,7 +7,7 @@ from torch import nn
 
 class Decoder(nn.Module):
     """Poses (B, J, D) and the capsule to keep (B,) or a mask (B, J) -> images (B, C, H, W)
-        in [0, 1]; the other capsules are zeroed, as in the paper's Figure 2."""
+    in [0, 1]; the other capsules are zeroed, as in the paper's Figure 2."""
 
     def __init__(self, num_caps: int, caps_dim: int, hidden: tuple[int, ...],
                  image_shape: tuple[int, int, int]):

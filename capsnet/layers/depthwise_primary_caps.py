@@ -12,8 +12,8 @@ from capsnet.layers.squash import full_precision
 
 class DepthwisePrimaryCaps(nn.Module):
     """A ``kernel`` x ``kernel`` depthwise convolution (valid, stride 1) cut into capsules of
-        ``dim`` channels, squashed in float32.
-        (B, C, H, W) -> (B, H' * W' * C / dim, dim), position-major as the authors' Reshape."""
+    ``dim`` channels, squashed in float32.
+    (B, C, H, W) -> (B, H' * W' * C / dim, dim), position-major as the authors' Reshape."""
 
     def __init__(self, channels: int, dim: int, kernel: int):
         super().__init__()

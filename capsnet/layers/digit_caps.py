@@ -16,8 +16,8 @@ CAPSULES_NDIM = 3  # (B, I, in_dim)
 
 class DigitCaps(nn.Module):
     """u (B, I, in_dim) -> the ``router``'s Routed: poses (B, J, out_dim), activations (B, J)
-        and couplings. u_hat = W u is one einsum (W never copied per example); float32 under
-        autocast. :class:`LazyDigitCaps` reads I from the first input."""
+    and couplings. u_hat = W u is one einsum (W never copied per example); float32 under
+    autocast. :class:`LazyDigitCaps` reads I from the first input."""
 
     def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, router: Router):
         super().__init__()

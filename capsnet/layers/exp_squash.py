@@ -19,7 +19,7 @@ def short_length(dtype: torch.dtype) -> float:
 
 def exp_squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """v = (1 - e^-|s|) s / |s| along ``dim``, same shape, lengths in [0, 1); long vectors
-        scaled by their largest entry first, short ones by a Taylor series, so no NaN gradient."""
+    scaled by their largest entry first, short ones by a Taylor series, so no NaN gradient."""
     scale = s.detach().abs().amax(dim=dim, keepdim=True).clamp_min(torch.finfo(s.dtype).tiny)
     t = s / scale  # entries in [-1, 1], the largest is +-1 unless s == 0
     t_norm = torch.linalg.vector_norm(t, dim=dim, keepdim=True)  # in [1, sqrt(D)] or 0

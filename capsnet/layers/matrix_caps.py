@@ -28,7 +28,7 @@ ROW_SLOT, COLUMN_SLOT = POSE_SIDE - 1, 2 * POSE_SIDE - 1
 
 class PrimaryMatrixCaps(nn.Module):
     """A 1x1 convolution giving ``types`` capsules a position (16 pose units, one logistic
-        activation). (B, C_in, H, W) -> poses (B, H, W, types, 16), activations (B, H, W, types)."""
+    activation). (B, C_in, H, W) -> poses (B, H, W, types, 16), activations (B, H, W, types)."""
 
     def __init__(self, in_channels: int, types: int):
         super().__init__()
@@ -65,9 +65,9 @@ def window_children(grid: int, kernel: int, stride: int, types: int) -> torch.Te
 
 class ConvMatrixCaps(nn.Module):
     """Convolutional capsules: each parent gets votes from the kernel x kernel x ``in_types``
-        children of its window, transformations shared across positions; EM routing normalises
-        each child's assignments over all its parents.
-        (B, G, G, T_in, 16), (B, G, G, T_in) -> (B, G', G', T_out, 16), (B, G', G', T_out)."""
+    children of its window, transformations shared across positions; EM routing normalises
+    each child's assignments over all its parents.
+    (B, G, G, T_in, 16), (B, G, G, T_in) -> (B, G', G', T_out, 16), (B, G', G', T_out)."""
 
     def __init__(self, in_types: int, out_types: int, kernel: int, stride: int, grid: int,
                  iterations: int = 3, final_lambda: float = FINAL_LAMBDA):
@@ -113,8 +113,8 @@ class ConvMatrixCaps(nn.Module):
 
 class ClassCapsules(nn.Module):
     """One capsule per class from every capsule of the last convolutional layer, one
-        transformation per (child type, class), with Coordinate Addition of ``coordinates`` (G,).
-        (B, G, G, T, 16), (B, G, G, T) -> poses (B, classes, 16), activations (B, classes)."""
+    transformation per (child type, class), with Coordinate Addition of ``coordinates`` (G,).
+    (B, G, G, T, 16), (B, G, G, T) -> poses (B, classes, 16), activations (B, classes)."""
 
     def __init__(self, in_types: int, num_classes: int, coordinates: tuple[float, ...],
                  iterations: int = 3, final_lambda: float = FINAL_LAMBDA):

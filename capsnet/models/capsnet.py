@@ -86,10 +86,10 @@ class CapsuleOutput(NamedTuple):
 class CapsNet(nn.Module):
     """Input images (B, C, H, W) in [0, 1]; output :class:`CapsuleOutput`.
 
-        ``config.routing`` names the router (its activations are the class scores); the decoder
-        gets the poses masked by ``labels`` (training) or by the best capsule (inference).
-        ``compute_dtype`` (None: float32) is the autocast dtype of the convolutions and the
-        decoder; routing and squash run in float32, every output is float32."""
+    ``config.routing`` names the router (its activations are the class scores); the decoder
+    gets the poses masked by ``labels`` (training) or by the best capsule (inference).
+    ``compute_dtype`` (None: float32) is the autocast dtype of the convolutions and the
+    decoder; routing and squash run in float32, every output is float32."""
 
     def __init__(self, config: CapsNetConfig = CapsNetConfig()):
         super().__init__()

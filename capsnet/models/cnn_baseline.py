@@ -15,7 +15,7 @@ from capsnet.models.precision import autocast_to
 @dataclass(frozen=True)
 class CNNConfig(DataConfig):
     """The paper's baseline CNN: three 5x5 convolutions, FC 328, FC 192, dropout; ``pool`` > 1
-        max-pools after every convolution (the ``tiny`` preset)."""
+    max-pools after every convolution (the ``tiny`` preset)."""
 
     conv_channels: tuple[int, ...] = (256, 256, 128)
     conv_kernel: int = 5

@@ -18,9 +18,9 @@ from capsnet.models.precision import autocast_to
 @dataclass(frozen=True)
 class EMCapsNetConfig(NormalisedDataConfig):
     """The matrix-capsule network of Hinton, Sabour & Frosst (2018), section 4: ReLU Conv1
-        (5x5, stride 2, A) -> PrimaryCaps (1x1, B types) -> ConvCaps1 (3x3, stride 2, C) ->
-        ConvCaps2 (3x3, stride 1, D) -> class capsules with coordinate addition; EM routing,
-        spread loss. Defaults are the paper's A = B = C = D = 32; ``small`` trains on a CPU."""
+    (5x5, stride 2, A) -> PrimaryCaps (1x1, B types) -> ConvCaps1 (3x3, stride 2, C) ->
+    ConvCaps2 (3x3, stride 1, D) -> class capsules with coordinate addition; EM routing,
+    spread loss. Defaults are the paper's A = B = C = D = 32; ``small`` trains on a CPU."""
 
     conv1_channels: int = 32  # A
     conv1_kernel: int = 5
@@ -82,7 +82,7 @@ class EMCapsNetConfig(NormalisedDataConfig):
 
 class MatrixCapsuleOutput(NamedTuple):
     """The class capsules' activations (the class scores) and flattened 4x4 poses; no
-        reconstructions. ``loss_name`` picks the spread loss in capsnet.losses."""
+    reconstructions. ``loss_name`` picks the spread loss in capsnet.losses."""
 
     activations: torch.Tensor  # (B, J) a_j, the class scores
     poses: torch.Tensor  # (B, J, 16) the class capsules' 4x4 poses, row-major
@@ -98,8 +98,8 @@ PRIMARY_POSE_RMS = 1.0
 
 class EMCapsNet(nn.Module):
     """Input images (B, C, H, W) in [0, 1]; output :class:`MatrixCapsuleOutput`.
-        ``compute_dtype`` is the convolutions' autocast dtype; votes and routing run in float32.
-        ``labels`` is accepted and unused (no decoder)."""
+    ``compute_dtype`` is the convolutions' autocast dtype; votes and routing run in float32.
+    ``labels`` is accepted and unused (no decoder)."""
 
     def __init__(self, config: EMCapsNetConfig = EMCapsNetConfig()):
         super().__init__()
@@ -120,7 +120,7 @@ class EMCapsNet(nn.Module):
     @torch.no_grad()
     def initialise_from_data(self, images: torch.Tensor) -> str:
         """Scale the primary pose units so that the poses of ``images`` have RMS
-                PRIMARY_POSE_RMS (a fresh model only); returns what it did, for the log."""
+        PRIMARY_POSE_RMS (a fresh model only); returns what it did, for the log."""
         with torch.autocast(device_type=images.device.type, enabled=False):
             h = torch.relu(self.conv1(self.input_norm(images)))  # (B, A, 12, 12)
             poses, _ = self.primary_caps(h)  # (B, 12, 12, B_types, 16)

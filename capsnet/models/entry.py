@@ -45,7 +45,7 @@ class ModelEntry:
 @dataclass(frozen=True)
 class Children:
     """The children of the class-capsule layer: ``types`` on a G x G grid in ``order``,
-        each row/column's receptive-field centre and side, the layer's name and strength kind."""
+    each row/column's receptive-field centre and side, the layer's name and strength kind."""
 
     types: int
     grid: int

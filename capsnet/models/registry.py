@@ -34,7 +34,7 @@ def preset_names() -> list[str]:
 
 def check_options(model: str, preset: str = PAPER, **options) -> None:
     """ConfigError naming the valid choices for an unknown model or preset, or an option
-        the model lacks or cannot honour with the others."""
+    the model lacks or cannot honour with the others."""
     entry = model_entry(model)
     if preset not in entry.presets:
         raise ConfigError(f"unknown preset {preset!r} for {model}; choose from "

@@ -28,7 +28,7 @@ class Routed(NamedTuple):
 
 class Router(nn.Module):
     """Base class: subclasses set :attr:`name` and implement :meth:`from_config` and
-        :meth:`forward`; :meth:`agreements` is optional (traces only)."""
+    :meth:`forward`; :meth:`agreements` is optional (traces only)."""
 
     name: ClassVar[str] = ""
     # How traces and figures name the couplings (Routed.couplings): a symbol and a line on

@@ -20,7 +20,7 @@ class RoutingStep(NamedTuple):
 
 def couplings(b: torch.Tensor, none_of_the_above: bool = False) -> torch.Tensor:
     """c = softmax over the J outputs of b (B, J, I); ``none_of_the_above`` adds a zero-logit
-        category (the paper's section 7), so c sums to less than 1."""
+    category (the paper's section 7), so c sums to less than 1."""
     if not none_of_the_above:
         return torch.softmax(b, dim=1)  # (B, J, I), sums to 1 over J
     leak = torch.zeros_like(b[:, :1])  # (B, 1, I)
@@ -36,9 +36,9 @@ def routing_steps(u_hat: torch.Tensor, iterations: int, full_graph: bool = False
                   none_of_the_above: bool = False) -> Iterator[RoutingStep]:
     """Procedure 1, one :class:`RoutingStep` per iteration, for u_hat (B, J, I, D).
 
-        b starts at zero per example (first couplings uniform, softmax skipped) and grows by
-        u_hat . v. Unless ``full_graph``, gradients flow through the last iteration only.
-        Runs in float32 (or float64) under autocast."""
+    b starts at zero per example (first couplings uniform, softmax skipped) and grows by
+    u_hat . v. Unless ``full_graph``, gradients flow through the last iteration only.
+    Runs in float32 (or float64) under autocast."""
     device_type = u_hat.device.type
     with torch.autocast(device_type=device_type, enabled=False):  # float32 under autocast too
         u_hat = full_precision(u_hat)
@@ -65,7 +65,7 @@ def routing_steps(u_hat: torch.Tensor, iterations: int, full_graph: bool = False
 
 class DynamicRouter(Router):
     """Procedure 1 as a Router: u_hat (B, J, I, D) -> poses v (B, J, D), activations |v|
-        (B, J), each iteration's couplings (the first a stride-0 view). No parameters."""
+    (B, J), each iteration's couplings (the first a stride-0 view). No parameters."""
 
     name = "dynamic"
     coupling_symbol = "c"

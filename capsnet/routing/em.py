@@ -60,8 +60,8 @@ def normalise_over_parents(log_w: torch.Tensor, children: torch.Tensor | None,
                            num_children: int | None) -> torch.Tensor:
     """exp(log_w_ij) / sum over every parent slot j' holding child i of exp(log_w_j'i).
 
-        log_w: (B, J, K). Without ``children`` a softmax over J; with ``children`` (J, K) a
-        logsumexp by scatter over global child ids, each child's peak subtracted first."""
+    log_w: (B, J, K). Without ``children`` a softmax over J; with ``children`` (J, K) a
+    logsumexp by scatter over global child ids, each child's peak subtracted first."""
     if children is None:
         return torch.softmax(log_w, dim=1)  # (B, J, K)
     B, J, K = log_w.shape
@@ -97,7 +97,7 @@ def m_step(R: torch.Tensor, a_i: torch.Tensor, V: torch.Tensor, beta_u: torch.Te
            beta_a: torch.Tensor, inverse_temperature: float,
            variance_eps: float = VARIANCE_EPS) -> MStep:
     """Procedure 1's M-step. R: (B or 1, J, K); a_i: (B, J or 1, K); V: (B, J, K, D);
-        beta_u, beta_a: (J,). The variance is the weighted mean of squared deviations."""
+    beta_u, beta_a: (J,). The variance is the weighted mean of squared deviations."""
     r = R * a_i  # (B, J, K) r_ij = R_ij a_i
     r_sum = r.sum(dim=2)  # (B, J) sum_i r_ij: the data assigned to j
     w = r / r_sum.clamp_min(ASSIGNED_FLOOR).unsqueeze(-1)  # (B, J, K), sums to 1 over i
@@ -127,11 +127,11 @@ def e_step(fit: MStep, children: torch.Tensor | None, num_children: int | None) 
 
 class EMRouter(Router):
     """EM routing for parents of ``parent_types`` types, each with its own beta_u and beta_a;
-        parents laid out (position, type), type fastest.
+    parents laid out (position, type), type fastest.
 
-        forward(u_hat (B, J, K, D), activations (B, I)) -> Routed(poses (B, J, D), activations
-        (B, J), couplings: each iteration's R (B, J, K)). Without ``children`` K = I. Runs in
-        float32 (float64 for float64 votes) even under autocast."""
+    forward(u_hat (B, J, K, D), activations (B, I)) -> Routed(poses (B, J, D), activations
+    (B, J), couplings: each iteration's R (B, J, K)). Without ``children`` K = I. Runs in
+    float32 (float64 for float64 votes) even under autocast."""
 
     name = "em"
     coupling_symbol = "R"

@@ -19,7 +19,7 @@ from capsnet.routing import Routed, Router, fully_connected_only, uniform_coupli
 
 class InvertedAttentionRouter(Router):
     """u_hat (B, J, I, D) -> poses (B, J, D) (LayerNorm'd), activations |squash(s_j)| (B, J)
-        and each iteration's coefficients r (B, J, I). Runs in float32 under autocast."""
+    and each iteration's coefficients r (B, J, I). Runs in float32 under autocast."""
 
     name = "inverted-attention"
     coupling_symbol = "r"

@@ -30,8 +30,8 @@ def self_attention_couplings(u_hat: torch.Tensor) -> torch.Tensor:
 
 class SelfAttentionRouter(Router):
     """Efficient-CapsNet's router: one pass, log priors B (J, I) initialised to zero; fully
-        connected layers only. u_hat (B, J, I, D) -> Routed(poses (B, J, D), activations |v_j|,
-        couplings (C,)); float32 under autocast."""
+    connected layers only. u_hat (B, J, I, D) -> Routed(poses (B, J, D), activations |v_j|,
+    couplings (C,)); float32 under autocast."""
 
     name = "self-attention"
     coupling_symbol = "C"

@@ -100,7 +100,7 @@ def setup(requested_device: str = "auto") -> World:
 
 def teardown(world: World, wait_for_all: bool = False) -> None:
     """Leave the process group if :func:`setup` created it; ``wait_for_all`` meets at a barrier
-        first, so that no rank tears down gloo's connections while another uses them."""
+    first, so that no rank tears down gloo's connections while another uses them."""
     if world.owns_group and dist.is_initialized():
         if wait_for_all:
             barrier(world)
@@ -140,7 +140,7 @@ def per_rank_batch(global_batch: int, world: World) -> int:
 
 def shard_order(order: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     """This rank's share (ceil(M / world),) of an epoch's order (M,): every ``world``-th index
-        from ``rank``, padded with the first entries as DistributedSampler does."""
+    from ``rank``, padded with the first entries as DistributedSampler does."""
     M = order.numel()
     if M == 0:
         return order
@@ -184,7 +184,7 @@ def all_gather_objects(obj, world: World) -> list:
 def evaluate_sharded(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
                      world: World, num_classes: int, **kwargs) -> EvalResult:
     """:func:`~capsnet.training.loop.evaluate` with the examples dealt out to the ranks and
-        the confusion matrix and loss summed: one process's numbers. ``model``: the plain module."""
+    the confusion matrix and loss summed: one process's numbers. ``model``: the plain module."""
     if not world.distributed:
         return evaluate(model, images, labels, **kwargs)
     N = labels.numel()

@@ -103,7 +103,7 @@ def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print
 
 def data_overrides(settings: TrainSettings, data: RunData, image_size: int | None = None) -> dict:
     """What the data decides in the model's config: size, channels, classes, dataset name,
-        uncropped size and, for CapsNet, input norm and Conv1 stride."""
+    uncropped size and, for CapsNet, input norm and Conv1 stride."""
     overrides = {"input_norm": input_norm_for(settings.dataset, settings.input_norm),
                  "image_size": image_size or data.model_size, "in_channels": data.train.channels,
                  "num_classes": len(data.train.classes), "class_names": tuple(data.train.classes),
@@ -118,7 +118,7 @@ def data_overrides(settings: TrainSettings, data: RunData, image_size: int | Non
 
 class ClassifyTask(Task):
     """One label per image; the settings' augmentation; validation on the held-out split;
-        the final and selected models tested once, the selected one's test scores saved."""
+    the final and selected models tested once, the selected one's test scores saved."""
 
     name = "classify"
 
@@ -196,7 +196,7 @@ class ClassifyTask(Task):
 
 def own_datasets(data: Any, test_data: Any = None) -> Datasets:
     """(train, test) of your data; without ``test_data`` a stratified
-        DEFAULT_TEST_FRACTION is held out (seed 0)."""
+    DEFAULT_TEST_FRACTION is held out (seed 0)."""
     train = as_image_dataset(data)
     if test_data is None:
         return held_out_split(train, DEFAULT_TEST_FRACTION)
@@ -212,9 +212,9 @@ def fit(settings: TrainSettings | None = None, resume: str | None = None,
         data: Any = None, test_data: Any = None) -> dict:
     """Train as ``settings`` say into ``settings.out_dir``; returns results.json's content.
 
-        The images are ``settings.dataset`` or your own ``data``: (images, labels) or a torch
-        Dataset of (image, label); ``test_data`` likewise, else a tenth is held out. Resuming
-        such a run needs the same ``data`` again."""
+    The images are ``settings.dataset`` or your own ``data``: (images, labels) or a torch
+    Dataset of (image, label); ``test_data`` likewise, else a tenth is held out. Resuming
+    such a run needs the same ``data`` again."""
     settings = settings or TrainSettings()
     if not isinstance(settings, TrainSettings):
         raise TypeError(f"fit's first argument is a TrainSettings, got "

@@ -48,8 +48,8 @@ def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: 
                     generator: torch.Generator | None = None,
                     on_progress: Callable[[int, float, float], None] | None = None) -> dict:
     """Train over ``images[order]`` (images (N, H, W) uint8, labels (N,), order (M,)).
-        Returns {'loss', 'accuracy', 'steps'}; ``on_progress(done, loss, accuracy)`` and the
-        NonFiniteLossError check run at each read-back, every ``check_every`` steps."""
+    Returns {'loss', 'accuracy', 'steps'}; ``on_progress(done, loss, accuracy)`` and the
+    NonFiniteLossError check run at each read-back, every ``check_every`` steps."""
     model.train()
     device = images.device
     loss_sum = torch.zeros((), device=device)
@@ -109,7 +109,7 @@ def checked_mean_loss(loss_sum: torch.Tensor, seen: int,
 def augment(x: torch.Tensor, options: StepOptions,
             generator: torch.Generator | None = None) -> torch.Tensor:
     """The training augmentation of a float batch (B, C, H, W): Efficient-CapsNet's, a random
-        ``crop``, or random shifts of up to ``max_shift`` pixels."""
+    ``crop``, or random shifts of up to ``max_shift`` pixels."""
     if options.augment == "efficient":
         return efficient_augment(x, generator)  # (B, C, H, W)
     if options.crop is not None:

@@ -57,7 +57,7 @@ class Training:
 
     def restore(self, payload: dict, lr_decay: float) -> str | None:
         """Load :meth:`checkpoint_state`'s dict; a per-step schedule is re-planned to this run's
-                length. Returns that change for the log, if any."""
+        length. Returns that change for the log, if any."""
         planned = step_schedule(self.scheduler)
         planned_steps = None if planned is None else planned.total_steps
         trained = payload.get("raw_state_dict", payload["state_dict"])
@@ -93,7 +93,7 @@ def build_training(settings: TrainSettings, overrides: dict, device: torch.devic
 
 def initialise_from_data(training: Training, images: torch.Tensor | None) -> str | None:
     """Run the model's registry ``initialise`` step (EM: primary pose scale) on training
-        ``images`` and restart the EMA from it; returns its description or None."""
+    ``images`` and restart the EMA from it; returns its description or None."""
     model = unwrap(training.model)
     initialise = entry_of(model.config).initialise
     if initialise is None or images is None:

@@ -28,7 +28,7 @@ def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | 
                   argv: list[str] | None = None,
                   log: Callable[[str], None] = print) -> dict | None:
     """Train ``settings`` once per seed into ``out_dir/seed-N`` (or read back, or resume),
-        then summarise into ``out_dir/summary.json``; ranks other than 0 return None."""
+    then summarise into ``out_dir/summary.json``; ranks other than 0 return None."""
     if not seeds:
         raise ValueError("at least one seed is needed")
     out = Path(out_dir)

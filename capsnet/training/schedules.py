@@ -101,7 +101,7 @@ def is_per_step(settings) -> bool:
 def make_scheduler(optimizer: torch.optim.Optimizer, settings,
                    steps_per_epoch: int) -> tuple[LRScheduler, bool]:
     """The run's scheduler over ``optimizer`` and whether it steps per optimiser step (True)
-        or per epoch (False)."""
+    or per epoch (False)."""
     if not is_per_step(settings):
         return FlooredExponentialLR(optimizer, settings.lr_decay, settings.min_lr), False
     steps_per_epoch = max(1, steps_per_epoch)
@@ -121,7 +121,7 @@ def step_schedule(scheduler: LRScheduler) -> StepSchedule | None:
 
 def replan_length(scheduler: LRScheduler, total_steps: int) -> str | None:
     """Make a restored per-step schedule end at ``total_steps`` and set the next step's rate
-        from it; returns the change for the log (None when unchanged or for ``exp``)."""
+    from it; returns the change for the log (None when unchanged or for ``exp``)."""
     schedule = step_schedule(scheduler)
     if schedule is None or schedule.total_steps == total_steps:
         return None

@@ -191,7 +191,7 @@ def _rounded(values: torch.Tensor) -> list:
 
 def _uploaded_bytes() -> bytes:
     """The multipart field 'image' (or the only file), else the raw body whatever its
-        Content-Type (the form is then never parsed, which would consume the body)."""
+    Content-Type (the form is then never parsed, which would consume the body)."""
     if request.mimetype == MULTIPART:
         upload = request.files.get("image") or next(iter(request.files.values()), None)
         return upload.read() if upload is not None else b""
@@ -205,7 +205,7 @@ def _finite_number(value) -> bool:
 
 def make_server(app: Flask, host: str = "127.0.0.1", port: int = 8000) -> BaseWSGIServer:
     """A threaded WSGI server for ``app`` on host:port (0: a free port, see ``server.port``),
-        bound here so that a busy port raises OSError."""
+    bound here so that a busy port raises OSError."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
