@@ -36,11 +36,9 @@ def train_pairs_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images
                       labels: torch.Tensor, order: torch.Tensor, batch_size: int, max_shift: int,
                       reconstruction_weight: float, generator: torch.Generator | None = None,
                       options: StepOptions | None = None) -> dict:
-    """One epoch over pairs whose first digits are ``images[order]`` (images (N, 28, 28)
-    uint8, labels (N,) on the device) and whose partners and shifts are drawn from
-    ``generator``; ``options`` may add an fp16 gradient scaler and the sum over DDP ranks
-    (its batch size and shift are not read). Returns {'train_loss', 'train_accuracy'}
-    (accuracy: both digits right)."""
+    """One epoch over pairs whose first digits are ``images[order]`` (N, 28, 28), partners
+    and shifts from ``generator``; ``options`` adds the fp16 scaler and the sum over ranks.
+    Returns {'train_loss', 'train_accuracy'} (both digits right)."""
     options = options or StepOptions()
     model.train()
     device = images.device
@@ -63,10 +61,8 @@ def train_pairs_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images
 @torch.no_grad()
 def evaluate_pairs(model: nn.Module, pairs: DigitPairs, batch_size: int = 500,
                    world: World | None = None) -> dict:
-    """The paper's MultiMNIST metric: a pair counts as right when the two most active
-    capsules are its two digits. With a ``world`` of several ranks each evaluates every
-    world-th pair and the counts are summed: every rank gets the same numbers. Returns
-    {'accuracy', 'error', 'pairs'}."""
+    """The paper's MultiMNIST metric (the two most active capsules are the pair's digits),
+    each rank taking every world-th pair. Returns {'accuracy', 'error', 'pairs'}."""
     model.eval()
     world = world or World()
     device = pairs.images.device
@@ -83,8 +79,8 @@ def evaluate_pairs(model: nn.Module, pairs: DigitPairs, batch_size: int = 500,
 
 @torch.no_grad()
 def reconstruct_pairs(model: nn.Module, pairs: DigitPairs) -> tuple[torch.Tensor, ...]:
-    """Reconstructions of each pair from its two most active capsules, one at a time:
-    first (K, S, S), second (K, S, S) floats in [0, 1], and those capsules (K, 2)."""
+    """Each pair reconstructed from its two most active capsules: first, second (K, S, S)
+    in [0, 1], and those capsules (K, 2)."""
     model.eval()
     if getattr(model, "decoder", None) is None:
         raise ValueError("this model has no decoder (trained with --reconstruction-weight 0)")
@@ -96,9 +92,8 @@ def reconstruct_pairs(model: nn.Module, pairs: DigitPairs) -> tuple[torch.Tensor
 
 
 class MultiMnistTask(Task):
-    """Fresh pairs of the training digits every epoch (``max_shift`` is each digit's shift),
-    validation pairs from the held-out digits, the validation-selected model tested on
-    ``test_pairs`` pairs of test digits with the paper's top-2 metric."""
+    """Fresh pairs every epoch, validation pairs of held-out digits, the selected model
+    tested on ``test_pairs`` pairs with the top-2 metric."""
 
     name = "multimnist"
 

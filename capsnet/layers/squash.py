@@ -13,16 +13,10 @@ def full_precision(t: torch.Tensor) -> torch.Tensor:
 
 
 def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """v = |s|^2 / (1 + |s|^2) * s / |s|, along ``dim``.
+    """v = |s|^2 / (1 + |s|^2) * s / |s| along ``dim``; same shape, lengths in [0, 1).
 
-    The vector is first divided by its largest absolute entry, so no square overflows
-    even for entries near the float32 limit, and the length factor avoids both
-    cancellation for short vectors and inf/inf for huge ones.
-    Because the result is identical for any positive rescaling constant, the
-    rescaling is detached and the gradient is exact.
-
-    Input: any shape (..., D, ...). Output: same shape, length along ``dim`` in [0, 1).
-    """
+    The vector is first divided by its largest entry (detached: the gradient stays exact),
+    so no square overflows and short vectors do not cancel."""
     scale = s.detach().abs().amax(dim=dim, keepdim=True).clamp_min(torch.finfo(s.dtype).tiny)
     t = s / scale  # entries in [-1, 1]
     t_norm = torch.sqrt(t.pow(2).sum(dim=dim, keepdim=True) + SQUASH_EPS)
