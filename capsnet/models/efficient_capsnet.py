@@ -205,23 +205,12 @@ ENTRY = ModelEntry(
     # "lr": 5e-4 in the public code's config.json.
     lr=5e-4,
     recipes={
-        # The MNIST recipe of the authors' public code (EscVM/Efficient-CapsNet):
-        # config.json (commit b7b5d3b) "lr": 5e-4, "lr_dec": 0.97, "batch_size": 16,
-        # "epochs": 150; utils/tools.py lines 19-23, learn_scheduler: lr * lr_dec ** epoch,
-        # but never below 5e-5 (the floor from the 77th epoch on), set per epoch by Keras'
-        # LearningRateScheduler (line 32); no warm-up, no moving average;
-        # utils/pre_process_mnist.py (commit d058a28) lines 113-122: rotation, shift into
-        # the margins, squeeze and erasing (capsnet/data/augment_efficient.py). Its
-        # "lmd_gen": 0.392 on Keras' per-pixel mean is capsnet's reconstruction weight 0.0005.
+        # The authors' MNIST recipe (EscVM/Efficient-CapsNet config.json and utils/tools.py):
+        # lr * 0.97 ** epoch, never below 5e-5, batch 16, 150 epochs, their augmentation.
         "paper": {"epochs": 150, "batch_size": 16, "lr_decay": 0.97, "min_lr": 5e-5,
                   "augment": "efficient"},
-        # The fast recipe's ingredients at this model's rate: a peak of 3 x 5e-4 and the
-        # floor scaled alike (1e-5 x 5e-4 / 1e-3), batch 128; 25 epochs of the authors'
-        # augmentation. With CapsNet's 2-pixel shifts for 15 epochs the small model fit
-        # its training images to 99.9% while validation stayed at 99.50-99.59% (seeds 1-3
-        # tested 99.58%, 99.60%, 99.54%); the stronger augmentation over 25 epochs, chosen
-        # on seed 1's validation only (99.60%), tested 99.64%, 99.65%, 99.55% on seeds 1-3
-        # (mean 99.61%, ensemble 99.66%; docs/models-efficient.md, "The fast recipe, measured").
+        # The fast recipe at this model's rate, floor scaled alike, 25 epochs of the authors'
+        # augmentation (docs/models-efficient.md, "The fast recipe, measured").
         "fast": {"epochs": 25, "min_lr": 5e-6, "augment": "efficient"},
     },
     routing_view=routing_view,

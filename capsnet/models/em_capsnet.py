@@ -161,17 +161,10 @@ ENTRY = ModelEntry(
     presets={"paper": {},
              "small": {"conv1_channels": 64, "primary_types": 8, "caps1_types": 16,
                        "caps2_types": 16}},
-    # Adam at 3e-3, the authors' answer on OpenReview ("We use an exponential decay with
-    # learning rate: 3e-3, decay_steps: 20000, decay rate: 0.96",
-    # https://openreview.net/forum?id=HJWLfGWRb, quoted in IBM/matrix-capsules-with-em-routing
-    # train_val.py, whose config.py uses it too).
+    # Adam at 3e-3, the authors' answer on OpenReview (https://openreview.net/forum?id=HJWLfGWRb).
     lr=3e-3,
-    # The fast recipe at EM's own rate: a peak of 3e-3 (lr_scale 1), not 3 x 3e-3 (Adam at
-    # 1e-2 did not learn faster, docs/models-em.md), warm-up, cosine to 1e-5 and the EMA as
-    # CapsNet's over 15 epochs. The spread loss's margin grows over the run, so a short run
-    # grows it too fast: planned for 6 epochs the small model with 2 iterations reached
-    # validation 97.36%; planned for 15, 98.16% at epoch 6 (docs/models-em.md, "The fast
-    # recipe, planned for 15 epochs"); chosen on validation only.
+    # The fast recipe at EM's own peak rate (docs/models-em.md, "The fast recipe, planned
+    # for 15 epochs").
     recipes={"fast": {"lr_scale": 1.0}},
     routing_view=routing_view,
     initialise=EMCapsNet.initialise_from_data,

@@ -36,12 +36,8 @@ PAPER_RECIPE = Recipe(epochs=10, batch_size=128, lr_scale=1.0, schedule="exp", l
                       warmup_epochs=0.0, min_lr=0.0, ema_decay=0.0, ema_warmup=False,
                       augment="shift", max_shift=2)
 
-# Chosen from public CapsNet and short-schedule practice (peak Adam 3e-3, one epoch of
-# warm-up, cosine to 1e-5, EMA 0.999) and kept after measurement on validation only
-# (docs/results.md, "The fast recipe"): seed 1 reached validation 99.5% at epoch 13 (the
-# paper recipe at epoch 36); seeds 1-3 tested 99.67%, 99.61%, 99.59% after 15 epochs (mean
-# 99.62%, ensemble 99.67%); one change per row over 3 epochs, the warm-up (+1.5 points) and
-# the 3x peak (+0.8) are what help.
+# Peak Adam 3 x the rate, one epoch of warm-up, cosine to 1e-5, EMA 0.999, chosen on
+# validation only (docs/results.md, "The fast recipe: time to accuracy").
 FAST_RECIPE = Recipe(epochs=15, batch_size=128, lr_scale=3.0, schedule="cosine", lr_decay=0.96,
                      warmup_epochs=1.0, min_lr=1e-5, ema_decay=0.999, ema_warmup=True,
                      augment="shift", max_shift=2)
