@@ -22,7 +22,7 @@ from capsnet.experiments.robustness import NamedModel
 from capsnet.models import count_parameters
 from capsnet.training import distributed
 from capsnet.training.distributed import World
-from capsnet.training.fit import INITIALISATION_IMAGES, data_overrides, prepare_data
+from capsnet.training.fit import INITIALISATION_IMAGES, data_overrides, protocol_data
 from capsnet.training.loop import StepOptions, evaluate, train_one_epoch
 from capsnet.training.runner import Log, Progress, Task, run_task
 from capsnet.training.settings import TrainSettings
@@ -90,12 +90,9 @@ class AffnistTask(Task):
 
     def prepare(self, device: torch.device) -> None:
         s = self.settings
-        if s.val_size is not None and s.val_size < 1:
-            raise ValueError("affNIST training needs held-out validation digits (val_size > 0)")
         self.canvas = s.canvas or CANVAS
-        self.data = prepare_data(s, device)
+        self.data, self.images, self.labels = protocol_data(s, device, "affNIST")
         d = self.data
-        self.images, self.labels = d.train.images[d.train_idx], d.train.labels[d.train_idx]
         self.val_images = placed(d.train.images[d.val_idx], self.canvas, s.seed)
         self.val_labels = d.train.labels[d.val_idx]
         self.epoch_size = len(self.labels)

@@ -22,9 +22,10 @@ from capsnet.experiments.multimnist import (
     pairs_correct,
     top_two,
 )
+from capsnet.inference import require_decoder
 from capsnet.training import distributed
 from capsnet.training.distributed import World
-from capsnet.training.fit import data_overrides, prepare_data
+from capsnet.training.fit import data_overrides, protocol_data
 from capsnet.training.loop import StepOptions, backward_and_step, checked_mean_loss
 from capsnet.training.runner import Log, Progress, Task, run_task
 from capsnet.training.settings import TrainSettings
@@ -82,8 +83,7 @@ def reconstruct_pairs(model: nn.Module, pairs: DigitPairs) -> tuple[torch.Tensor
     """Each pair reconstructed from its two most active capsules: first, second (K, S, S)
     in [0, 1], and those capsules (K, 2)."""
     model.eval()
-    if getattr(model, "decoder", None) is None:
-        raise ValueError("this model has no decoder (trained with --reconstruction-weight 0)")
+    require_decoder(model)
     out = model(to_model_input(pairs.images))  # poses (K, J, D)
     chosen = top_two(out.lengths)  # (K, 2)
     first = model.decoder(out.poses, chosen[:, 0])[:, 0]  # (K, S, S)
@@ -101,11 +101,8 @@ class MultiMnistTask(Task):
         s = self.settings
         if s.model != "capsnet":
             raise ValueError("MultiMNIST training is for CapsNet (its two active capsules)")
-        if s.val_size is not None and s.val_size < 1:
-            raise ValueError("MultiMNIST training needs held-out validation digits "
-                             "(val_size > 0)")
-        self.data = d = prepare_data(s, device)
-        self.images, self.labels = d.train.images[d.train_idx], d.train.labels[d.train_idx]
+        self.data, self.images, self.labels = protocol_data(s, device, "MultiMNIST")
+        d = self.data
         self.val = pair_set(d.train.images[d.val_idx], d.train.labels[d.val_idx],
                             len(d.val_idx), s.seed, s.max_shift)
         self.epoch_size = len(self.labels)

@@ -101,6 +101,16 @@ def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print
     return RunData(train.to(device), test, train_idx.to(device), val_idx.to(device), crop)
 
 
+def protocol_data(settings: TrainSettings, device: torch.device,
+                  protocol: str) -> tuple[RunData, torch.Tensor, torch.Tensor]:
+    """The data of a protocol that validates on held-out digits: (data, training images
+    (N, H, W), labels (N,)); ValueError without a validation split."""
+    if settings.val_size is not None and settings.val_size < 1:
+        raise ValueError(f"{protocol} training needs held-out validation digits (val_size > 0)")
+    data = prepare_data(settings, device)
+    return data, data.train.images[data.train_idx], data.train.labels[data.train_idx]
+
+
 def data_overrides(settings: TrainSettings, data: RunData, image_size: int | None = None) -> dict:
     """What the data decides in the model's config: size, channels, classes, dataset name,
     uncropped size and, for CapsNet, input norm and Conv1 stride."""
