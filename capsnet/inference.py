@@ -142,20 +142,6 @@ def predict_prepared(model: nn.Module, images: np.ndarray | torch.Tensor, source
     return results
 
 
-def prepare_sources(images: ImageSource | Sequence[ImageSource], config
-                    ) -> tuple[np.ndarray, list[str]]:
-    """Own images (one or a batch) -> uint8 (N, C, H, W) for ``config`` and their names."""
-    prepared, names = [], []
-    for i, source in enumerate(split_batch(images)[0]):
-        name = _source_name(source, i)
-        try:
-            prepared.append(prepare_one(source, config))  # (C, H, W)
-        except PreprocessError as exc:
-            raise PreprocessError(f"{name}: {exc}") from None
-        names.append(name)
-    return np.stack(prepared), names
-
-
 def split_batch(images: Any) -> tuple[list, bool]:
     """(the images one by one, whether ``images`` was one image); PreprocessError on a bad shape."""
     if isinstance(images, torch.Tensor):
@@ -214,15 +200,16 @@ def predict(images: ImageSource | torch.Tensor | Sequence[ImageSource | torch.Te
     first image that cannot be used."""
     model = load_model(model, device)
     sources, single = split_batch(images)
-    prepared, names = prepare_sources(sources, model.config)
-    results = predict_prepared(model, prepared, names, top_k)
+    prepared, names = [], []
+    for i, source in enumerate(sources):
+        name = str(source) if isinstance(source, (str, os.PathLike)) else f"<image {i}>"
+        try:
+            prepared.append(prepare_one(source, model.config))  # (C, H, W)
+        except PreprocessError as exc:
+            raise PreprocessError(f"{name}: {exc}") from None
+        names.append(name)
+    results = predict_prepared(model, np.stack(prepared), names, top_k)
     return results[0] if single else results
-
-
-def _source_name(source: Any, index: int) -> str:
-    if isinstance(source, (str, os.PathLike)):
-        return str(source)
-    return f"<image {index}>"
 
 
 @torch.no_grad()
