@@ -1,35 +1,16 @@
 """capsnet: Capsule Networks (Sabour, Frosst & Hinton 2017) in PyTorch.
 
     >>> import capsnet
-    >>> model = capsnet.create_model("capsnet", pretrained=True)  # 99.67% on MNIST
+    >>> model = capsnet.create_model("capsnet", pretrained=True)
     >>> out = model(images)  # images (B, 1, 28, 28) in [0, 1]
     >>> out.lengths, out.reconstructions  # (B, 10) class scores, (B, 1, 28, 28)
     >>> capsnet.predict("my_digit.png").class_name
     '7'
 
-The names below (``__all__``) are the library's public API, in groups:
-
-============================  ==========================================================
-models and configs            CapsNet, CNNBaseline, EfficientCapsNet, EMCapsNet, their
-                              configs, make_config, build_model, CapsuleOutput
-by name, with trained weights create_model, list_models, load_pretrained,
-                              pretrained_names, load_model (a checkpoint or weights file)
-layers                        squash, PrimaryCaps, DigitCaps, LazyDigitCaps, Decoder, the
-                              routers (Router, Routed, DynamicRouter, EMRouter,
-                              InvertedAttentionRouter, SelfAttentionRouter)
-losses                        margin_loss, reconstruction_loss, capsule_loss, spread_loss,
-                              model_loss
-using a model                 predict, Prediction, to_model_input, prepare_for_model
-data and training             ImageDataset, load_dataset, fit, TrainSettings
-============================  ==========================================================
-
-Each name is imported on first use, so ``import capsnet`` itself is quick and imports
-neither torch nor the applications. The library, bottom-up: ``config`` -> ``layers`` ->
-``models`` -> ``tuning`` -> ``data`` -> ``checkpoint`` -> ``training`` -> ``experiments``;
-using a model: ``inference``, ``preprocess``, ``routing_trace``, ``figures``, ``export``.
-The applications ``cli`` and ``web`` sit on top. See docs/architecture.md and the Python
-API section of docs/usage.md.
-"""
+``__all__`` is the public API (models and configs, models by name with trained weights,
+layers and routers, losses, prediction, data and training), each name imported on first
+use, so ``import capsnet`` imports neither torch nor the applications. See
+docs/architecture.md and docs/usage.md."""
 from __future__ import annotations
 
 import importlib

@@ -118,9 +118,14 @@ def default_cache_dir() -> Path:
 
 
 def file_md5(path: str | os.PathLike, decompress: bool = True) -> str:
-    """Hex MD5 of the content (decompressed if gzip, unless ``decompress=False``); IDXError
-    when the file is missing or its gzip stream corrupt."""
-    digest = hashlib.md5()
+    """Hex MD5 of the content (decompressed if gzip, unless ``decompress=False``)."""
+    return file_digest(path, "md5", decompress)
+
+
+def file_digest(path: str | os.PathLike, algorithm: str, decompress: bool = True) -> str:
+    """Hex ``hashlib`` digest of the content, read in chunks (decompressed if gzip, unless
+    ``decompress=False``); IDXError when the file is missing or its gzip stream corrupt."""
+    digest = hashlib.new(algorithm)
     try:
         opened = open_maybe_gzip(path) if decompress else open(path, "rb")
     except OSError as err:  # open_maybe_gzip raises IDXError itself

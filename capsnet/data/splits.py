@@ -6,10 +6,8 @@ import torch
 
 def stratified_split(labels: torch.Tensor, val_size: int,
                      seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices (train, val) with ``val_size`` validation examples spread over the classes
-    in proportion to their frequency. Deterministic for a seed; both sorted, disjoint, and
-    together covering every index. labels: (N,) int64 on any device.
-    """
+    """Sorted, disjoint indices (train, val) covering (N,) labels, ``val_size`` of them
+    spread over the classes by frequency; deterministic for a seed."""
     labels = labels.cpu()
     n = labels.numel()
     if not 0 <= val_size < n:
