@@ -13,7 +13,7 @@ from torch import nn
 from capsnet.config import DataConfig, conv_output_size, stack_fields
 from capsnet.layers import Decoder, GemmConv2d, full_precision
 from capsnet.layers.depthwise_primary_caps import DepthwisePrimaryCaps
-from capsnet.models.capsnet import SMALL, CapsuleOutput
+from capsnet.models.capsnet import SMALL, CapsNet
 from capsnet.models.entry import POSITION_MAJOR, Children, ClassRouting, ModelEntry
 from capsnet.models.precision import autocast_to
 from capsnet.routing import SelfAttentionRouter
@@ -178,15 +178,7 @@ class EfficientCapsNet(nn.Module):
         u_hat, routed = self.class_caps.route(u)  # (B, 10, 16, 16), Routed
         return ClassRouting(u, u_hat, None, routed, self.class_caps.router)
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
-        routed = self.forward_routing(x).routed
-        v, lengths = routed.poses, routed.activations  # (B, 10, 16), (B, 10)
-        reconstructions = None
-        if self.decoder is not None:
-            with autocast_to(x.device, self.compute_dtype):
-                keep = labels if labels is not None else lengths.argmax(dim=-1)  # (B,)
-                reconstructions = full_precision(self.decoder(v, keep))  # (B, 1, 28, 28)
-        return CapsuleOutput(lengths, v, reconstructions)
+    forward = CapsNet.forward  # the same: class capsules, then the decoder of the masked poses
 
 
 def routing_view(config: EfficientCapsNetConfig) -> Children:
