@@ -70,17 +70,29 @@ def read_source(name: str, config) -> np.ndarray:
     return prepare_for_model(name, config)
 
 
+def read_named(name: str, config) -> np.ndarray:
+    """:func:`read_source`, its PreprocessError prefixed with the source's name."""
+    try:
+        return read_source(name, config)  # (C, H, W)
+    except PreprocessError as exc:
+        raise PreprocessError(f"{shown_name(name)}: {exc}") from None
+
+
+def shown_name(name: str) -> str:
+    return STDIN_NAME if name == STDIN else name
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.top_k < 1:
         raise ValueError("--top-k must be at least 1")
     model = load_cli_model(args)
     prepared, names, errors = [], [], []
     for name in expand_inputs(args.images):
+        shown = shown_name(name)
         try:
             prepared.append(read_source(name, model.config))  # (C, H, W)
-            names.append(STDIN_NAME if name == STDIN else name)
+            names.append(shown)
         except PreprocessError as exc:
-            shown = STDIN_NAME if name == STDIN else name
             errors.append({"source": shown, "error": str(exc)})
             print(f"capsnet: error: {shown}: {exc}", file=sys.stderr)
     images = np.stack(prepared) if prepared else np.zeros((0, 1, 1, 1), dtype=np.uint8)

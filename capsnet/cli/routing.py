@@ -9,9 +9,8 @@ import torch
 
 from capsnet.classes import class_names, label_of
 from capsnet.cli.args import add_data_args, add_model_args, load_cli_model, load_cli_test_set
-from capsnet.cli.predict import STDIN, STDIN_NAME, expand_inputs, read_source
+from capsnet.cli.predict import expand_inputs, read_named, shown_name
 from capsnet.data.image_dataset import display_images
-from capsnet.preprocess import PreprocessError
 from capsnet.routing_trace import RoutingTrace, routing_trace
 
 
@@ -101,12 +100,6 @@ def test_images(args: argparse.Namespace, config) -> tuple[np.ndarray, list[str]
 
 def own_images(names: list[str], config) -> tuple[np.ndarray, list[str], list[None]]:
     """Your images prepared for the model (K, C, H, W) uint8 and title stems."""
-    images, titles = [], []
-    for name in expand_inputs(names):
-        shown = STDIN_NAME if name == STDIN else name
-        try:
-            images.append(read_source(name, config))  # (C, H, W)
-        except PreprocessError as exc:
-            raise PreprocessError(f"{shown}: {exc}") from None
-        titles.append(f"{Path(shown).name}: ")
-    return np.stack(images), titles, [None] * len(images)
+    sources = expand_inputs(names)
+    images = np.stack([read_named(name, config) for name in sources])  # (K, C, H, W)
+    return images, [f"{Path(shown_name(name)).name}: " for name in sources], [None] * len(images)
