@@ -175,8 +175,8 @@ def affine_set(images: torch.Tensor, ranges: AffineRanges = AffineRanges(), seed
 
 def place_on_canvas(images: torch.Tensor, canvas: int,
                     generator: torch.Generator | None = None) -> torch.Tensor:
-    """Each image (N, H, W) at a random integer position (centred without ``generator``) on
-    a black ``canvas`` square -> (N, canvas, canvas), same dtype, by one gather."""
+    """Each image (N, H, W) at a random integer position (centred without ``generator``, on
+    any device) on a black ``canvas`` square -> (N, canvas, canvas), same dtype, one gather."""
     N, H, W = images.shape
     top, left = canvas_offsets(N, (H, W), canvas, generator, images.device)
     return place_at(images, canvas, top, left)

@@ -11,7 +11,7 @@ from torch import nn
 
 from capsnet.data.augment import to_model_input
 from capsnet.data.splits import epoch_order
-from capsnet.data.transforms import AffineRanges, affine_set, canvas_offsets, place_at
+from capsnet.data.transforms import AffineRanges, affine_set, place_on_canvas
 from capsnet.experiments import SEED_STRIDE, TEST_SEED
 from capsnet.experiments.robustness import NamedModel
 from capsnet.models import count_parameters
@@ -28,10 +28,7 @@ CANVAS = 40  # affNIST's image size
 def placed(images: torch.Tensor, canvas: int, seed: int) -> torch.Tensor:
     """``images`` (N, 28, 28) at seeded random places on a black canvas (N, canvas, canvas);
     positions drawn on the CPU, the same on every device."""
-    N, H, W = images.shape
-    top, left = canvas_offsets(N, (H, W), canvas, torch.Generator().manual_seed(seed),
-                               images.device)  # (N,), (N,)
-    return place_at(images, canvas, top, left)
+    return place_on_canvas(images, canvas, torch.Generator().manual_seed(seed))
 
 
 def evaluation_sets(images: torch.Tensor, canvas: int = CANVAS, seed: int = TEST_SEED,
