@@ -3,12 +3,9 @@ from __future__ import annotations
 
 import torch
 
-# Short vectors use the factor's Taylor series (1 - e^-n) / n = 1 - n/2 + n^2/6 - n^3/24 +
-# n^4/120: exact at s = 0 (where the gradient is the identity), free of the closed form's
-# 0/0. Its relative truncation error is below n^5 / SERIES_ERROR_DENOMINATOR (6! = 720); the
-# closed form 1 - e^-n loses eps / n to cancellation (expm1 would lose nothing, but ONNX has
-# no expm1). The two errors are equal at n = (720 eps)^(1/6), where the series stops: 0.19 in
-# float32 (relative error 3e-7 at most), 0.0066 in float64 (2e-14).
+# Short vectors use the factor's Taylor series (1 - e^-n) / n = 1 - n/2 + ... + n^4/120, whose
+# error n^5 / 720 equals the closed form's cancellation eps / n at n = (720 eps)^(1/6) (0.19 in
+# float32), where the series stops (ONNX has no expm1).
 SERIES_ERROR_DENOMINATOR = 720
 
 

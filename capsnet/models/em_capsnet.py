@@ -89,10 +89,8 @@ class MatrixCapsuleOutput(NamedTuple):
     loss_name = "spread"  # a class attribute, not a field
 
 
-# The primary poses' root mean square after the data-dependent initialisation
-# (:meth:`EMCapsNet.initialise_from_data`): unit-scale poses give votes whose variances are
-# not tiny, and EM routing's E-steps divide by those variances (docs/models-em.md,
-# "Initialisation").
+# The primary poses' RMS after :meth:`EMCapsNet.initialise_from_data`: unit-scale poses keep
+# the votes' variances, which the E-steps divide by, from being tiny (docs/models-em.md).
 PRIMARY_POSE_RMS = 1.0
 
 
