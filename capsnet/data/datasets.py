@@ -27,12 +27,8 @@ def _load_cifar10(split: str, data_dir, download: bool, verify: bool) -> ImageDa
     return load_cifar10(split, data_dir, download)  # no per-file checksums to verify
 
 
-def _load_svhn(split: str, data_dir, download: bool, verify: bool) -> ImageDataset:
-    return load_svhn(split, data_dir, download, verify)
-
-
 # name -> load(split, data_dir, download, verify), for the datasets that are not IDX files.
-READERS: dict[str, Callable[..., ImageDataset]] = {"cifar10": _load_cifar10, "svhn": _load_svhn}
+READERS: dict[str, Callable[..., ImageDataset]] = {"cifar10": _load_cifar10, "svhn": load_svhn}
 DATASET_NAMES = tuple(DATASETS) + tuple(READERS) + (FOLDER,)
 
 
