@@ -253,29 +253,12 @@ def _check_download(path: Path, expected_md5: str | None) -> None:
     verify_file(path, expected_md5)
 
 
-def download_verified(urls: Sequence[str], target: Path, check: Callable[[Path], None],
-                      timeout: float = DOWNLOAD_TIMEOUT_S,
-                      progress: ProgressFn | None = None) -> Path:
-    """Fetch the first of ``urls`` whose content passes ``check`` (raising ValueError or
-    OSError rejects) into ``target`` atomically; DataNotFoundError listing each URL's error."""
-    errors = []
-    for url in urls:
-        try:
-            with atomic_path(target) as tmp:
-                _fetch(url, tmp, timeout, progress)
-                check(tmp)
-            return target
-        except (OSError, HTTPException, ValueError) as err:  # URLError, timeouts, checks
-            errors.append(f"{url}: {err}")
-    tried = "; ".join(errors) or "no mirrors"
-    raise DataNotFoundError(f"could not download {target.name}: {tried}")
-
-
 def download_file(remote: RemoteFile, dest_dir: str | os.PathLike,
                   check: Callable[[Path], None] | None = None,
                   timeout: float = DOWNLOAD_TIMEOUT_S,
                   progress: ProgressFn | None = None) -> Path:
-    """``<dest_dir>/<remote.name>``, downloaded unless one there passes the MD5 and ``check``."""
+    """``<dest_dir>/<remote.name>``, kept when it passes the MD5 and ``check``, else fetched from
+    the first URL whose content passes them; DataNotFoundError listing each URL's error."""
     target = Path(dest_dir) / remote.name
 
     def verified(path: Path) -> None:
@@ -289,7 +272,17 @@ def download_file(remote: RemoteFile, dest_dir: str | os.PathLike,
             return target
         except (ValueError, OSError):
             pass
-    return download_verified(remote.urls, target, verified, timeout, progress)
+    errors = []
+    for url in remote.urls:  # each into a temporary file, renamed into place once verified
+        try:
+            with atomic_path(target) as tmp:
+                _fetch(url, tmp, timeout, progress)
+                verified(tmp)
+            return target
+        except (OSError, HTTPException, ValueError) as err:  # URLError, timeouts, checks
+            errors.append(f"{url}: {err}")
+    tried = "; ".join(errors) or "no mirrors"
+    raise DataNotFoundError(f"could not download {target.name}: {tried}")
 
 
 def download_dataset(name_or_spec: str | DatasetSpec, dest_dir: str | os.PathLike,
