@@ -114,10 +114,7 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
         draw_support_overlay(row[1], images[n], support, centres, field, support_norm)
         row[1].set_title(f"support for {_name(winner, class_names)}: {support_label} "
                          f"(iter. {R})", fontsize=8)
-        bar = fig.colorbar(ScalarMappable(support_norm, SUPPORT_CMAP), ax=row[1],
-                           fraction=0.05, pad=0.02)
-        bar.ax.tick_params(labelsize=6)
-        bar.set_label("sum over types", fontsize=6)
+        _colorbar(fig, support_norm, SUPPORT_CMAP, row[1], "sum over types", 0.05, 0.02)
 
         shown = [coupling_maps[n, r, winner] for r in range(R)] + [coupling_maps[n, -1, second]]
         spread = max(max(float(np.abs(m - uniform).max()) for m in shown), MIN_SPREAD)
@@ -132,10 +129,8 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
         row[-1].set_title(f"{symbol} to runner-up {_name(second, class_names)}, iter. {R}",
                           fontsize=8)
         row[-1].set_xlabel(f"mean {shown[-1].mean():.4f}", fontsize=7)
-        bar = fig.colorbar(ScalarMappable(norm, COUPLING_CMAP), ax=row[2:], fraction=0.02,
-                           pad=0.01)
-        bar.ax.tick_params(labelsize=6)
-        bar.set_label(f"coupling {symbol}, mean over types (1/{J} = uniform)", fontsize=6)
+        _colorbar(fig, norm, COUPLING_CMAP, row[2:],
+                  f"coupling {symbol}, mean over types (1/{J} = uniform)", 0.02, 0.01)
     fig.suptitle("Routing by agreement: where the winning class capsule's input comes from "
                  f"on the {children}-capsule grid (cells at their receptive-field centres; "
                  "dashed: the strongest cell's receptive field)", fontsize=9)
@@ -170,21 +165,24 @@ def routing_types_figure(images: Sequence[np.ndarray], type_maps: np.ndarray,
         for r, ax in enumerate(row[1:1 + R]):
             _draw_matrix(ax, type_maps[n, r], COUPLING_CMAP, norm, winner, names)
             ax.set_title(f"{symbol} per type, iteration {r + 1}", fontsize=8)
-        bar = fig.colorbar(ScalarMappable(norm, COUPLING_CMAP), ax=row[1:1 + R],
-                           fraction=0.03, pad=0.01)
-        bar.ax.tick_params(labelsize=6)
-        bar.set_label(f"{symbol} (1/{J} = uniform)", fontsize=6)
+        _colorbar(fig, norm, COUPLING_CMAP, row[1:1 + R], f"{symbol} (1/{J} = uniform)",
+                  0.03, 0.01)
         support = type_support[n, -1]  # (J, T)
         support_norm = Normalize(0.0, max(float(support.max()), MIN_SPREAD))
         _draw_matrix(row[-1], support, SUPPORT_CMAP, support_norm, winner, names)
         row[-1].set_title(f"support {support_label} (iter. {R})", fontsize=8)
-        bar = fig.colorbar(ScalarMappable(support_norm, SUPPORT_CMAP), ax=row[-1],
-                           fraction=0.05, pad=0.02)
-        bar.ax.tick_params(labelsize=6)
-        bar.set_label("sum over positions", fontsize=6)
+        _colorbar(fig, support_norm, SUPPORT_CMAP, row[-1], "sum over positions", 0.05, 0.02)
     fig.suptitle(f"Routing from the {children} capsules (columns: capsule types) to the class "
                  "capsules (rows; framed: the prediction)", fontsize=9)
     return save_figure(fig, path)
+
+
+def _colorbar(fig, norm: Normalize, cmap: str, ax, label: str, fraction: float,
+              pad: float) -> None:
+    """A colour bar of ``norm`` in ``cmap`` beside ``ax`` (or axes), labelled ``label``."""
+    bar = fig.colorbar(ScalarMappable(norm, cmap), ax=ax, fraction=fraction, pad=pad)
+    bar.ax.tick_params(labelsize=6)
+    bar.set_label(label, fontsize=6)
 
 
 def _draw_matrix(ax, values: np.ndarray, cmap: str, norm: Normalize, winner: int,
