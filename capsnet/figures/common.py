@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from capsnet.atomic import atomic_path
 from capsnet.data.image_dataset import PIXEL_MAX
 
 DPI = 100
@@ -20,11 +21,10 @@ PERCENT = 100.0
 
 
 def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
-    """Write ``fig`` as a PNG at ``path`` (folders made as needed); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    return path
+    """Write ``fig`` as a PNG at ``path``, atomically (folders made as needed); returns the path."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
+    return Path(path)
 
 
 def mosaic(tiles: np.ndarray, pad: int = 1, pad_value: int = PAD_VALUE) -> np.ndarray:
