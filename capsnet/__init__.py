@@ -1,15 +1,16 @@
 """capsnet: Capsule Networks (Sabour, Frosst & Hinton 2017) in PyTorch.
 
     >>> import capsnet
-    >>> model = capsnet.create_model("capsnet", pretrained=True)  # 99.67% on MNIST
+    >>> model = capsnet.create_model("capsnet", pretrained=True)
     >>> out = model(images)  # images (B, 1, 28, 28) in [0, 1]
     >>> out.lengths, out.reconstructions  # (B, 10) class scores, (B, 1, 28, 28)
     >>> capsnet.predict("my_digit.png").class_name
     '7'
 
-The names below (``__all__``) are the library's public API, in groups:
-
-============================  ==================================================="""
+``__all__`` is the public API (models and configs, models by name with trained weights,
+layers and routers, losses, prediction, data and training), each name imported on first
+use, so ``import capsnet`` imports neither torch nor the applications. See
+docs/architecture.md and docs/usage.md."""
 from __future__ import annotations
 
 import importlib

@@ -1,12 +1,9 @@
 """The checkpoint format, written and read in one place.
 
-A checkpoint (.pt) is a dict saved by :func:`save_checkpoint`, atomically: a format marker
-and version, the model's name and configuration, its state_dict and any training state. A
-weights file (.safetensors, :func:`save_weights`) holds the weights with the same
-description in its metadata. One way to load a model: :func:`load_model` takes the shipped
-weights (None), a checkpoint, a weights file or a model, and gives a model in eval mode.
-Every problem with a file is a :class:`CheckpointError` whose one-line message names it.
-"""
+A checkpoint (.pt) holds a format marker and version, the model's name and config, its
+state_dict and any training state, written atomically; a weights file (.safetensors) the
+weights with the same description. :func:`load_model` takes the shipped weights (None), a
+file or a model. Every problem is a one-line :class:`CheckpointError` naming the file."""
 from __future__ import annotations
 
 import json
@@ -44,15 +41,13 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 
 
 def atomic_copy(source: str | os.PathLike, path: str | os.PathLike) -> None:
-    """Copy a written checkpoint to ``path`` atomically: the same bytes as saving the same
-    state again, without serialising it a second time."""
+    """Copy a written checkpoint to ``path`` atomically (no second serialisation)."""
     with open(source, "rb") as src:
         atomic_write(path, lambda f: shutil.copyfileobj(src, f, length=COPY_CHUNK))
 
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, **state: Any) -> None:
-    """Save the model's weights and configuration plus any training ``state``
-    (optimizer, scheduler, epoch, RNG, metrics...)."""
+    """Save the model's weights and config plus any training ``state``."""
     model = unwrap(model)
     payload = {
         "format": CHECKPOINT_FORMAT,
@@ -67,8 +62,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, **state: Any) -> 
 
 def save_weights(state_dict: dict, model: str, config: dict, path: str | os.PathLike,
                  dtype: torch.dtype = torch.float16, info: dict | None = None) -> Path:
-    """Write a model's weights as a compact safetensors file (weights in ``dtype``),
-    carrying the model name, its configuration and ``info`` (e.g. measured accuracy)."""
+    """A model's weights as a compact safetensors file (``dtype``), carrying ``info``."""
     from safetensors.torch import save_file
 
     tensors = {k: v.to(dtype).contiguous() for k, v in state_dict.items()}
@@ -80,9 +74,8 @@ def save_weights(state_dict: dict, model: str, config: dict, path: str | os.Path
 
 
 def load_model(source: ModelSource = None, device: Any = "cpu") -> nn.Module:
-    """A model in eval mode on ``device``: ``source`` None is the trained CapsNet shipped with
-    the package, a path is a checkpoint (.pt) or a weights file (.safetensors), a module is
-    taken as it is (moved to ``device``)."""
+    """A model in eval mode on ``device``: None the shipped CapsNet, a path a checkpoint or
+    weights file, a module as it is."""
     if isinstance(source, nn.Module):
         return source.to(device).eval()
     if source is None:
@@ -97,9 +90,7 @@ def load_model(source: ModelSource = None, device: Any = "cpu") -> nn.Module:
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
                     mmap: bool = False) -> dict:
-    """Load and validate a checkpoint dict; raises CheckpointError with a clear message.
-    ``mmap`` maps the tensors from the file instead of reading them (cheap when only the
-    metadata is wanted)."""
+    """Load and validate a checkpoint dict (``mmap``: tensors mapped, not read); CheckpointError."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
@@ -121,10 +112,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
 
 def model_from_checkpoint(path_or_payload, map_location: Any = "cpu",
                           expected_model: str | None = None) -> nn.Module:
-    """Rebuild the model a checkpoint describes and load its weights (eval mode) on the
-    device ``map_location`` names. A file is mapped on the CPU and only its weights are
-    read and moved: the optimiser state of a training checkpoint (twice the weights) is
-    never loaded, and a checkpoint written on a GPU loads on a machine without one."""
+    """Rebuild a checkpoint's model with its weights (eval mode) on ``map_location``; the
+    file is mapped on the CPU and only the weights are read."""
     from_file = not isinstance(path_or_payload, dict)
     payload = load_checkpoint(path_or_payload, "cpu", mmap=True) if from_file else path_or_payload
     where = f"{path_or_payload}: " if from_file else ""
@@ -176,8 +165,7 @@ def _build_and_load(name: str, config: dict, state_dict: dict, where: str) -> nn
 
 
 def error_summary(exc: BaseException) -> str:
-    """One telling line of an exception. load_state_dict's first line is only a heading
-    ('Error(s) in loading state_dict for CapsNet:'); the first mismatch is on the next."""
+    """One telling line of an exception (load_state_dict's first mismatch, not its heading)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if not lines:
         return type(exc).__name__

@@ -1,12 +1,6 @@
-"""What every model config shares: numbers only. A leaf: this module imports nothing from
-the package.
-
-The fields every model has (the input, the classes, the data it was trained on) are
-declared once, in :class:`DataConfig`, and checked once; each model's own config
-subclasses it in the model's file (``capsnet.models.capsnet.CapsNetConfig``, ...), where
-every size is derived from a few numbers, never typed. The registry that makes configs
-from presets and options is :mod:`capsnet.models.registry`.
-"""
+"""What every model config shares: numbers only; a leaf that imports nothing from the package.
+The common fields live once in :class:`DataConfig`; each model's config subclasses it in its
+own file and derives every size from a few numbers."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +10,7 @@ INPUT_NORMS = ("none", "image")  # capsnet.layers.input_norm
 
 
 class ConfigError(ValueError):
-    """An option a model does not have, or a combination it cannot honour (one line that
-    names the valid choices): a usage error. A value out of range is a plain ValueError."""
+    """An option a model does not have, or a combination it cannot honour (names the choices)."""
 
 
 def conv_output_size(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:
@@ -71,9 +64,8 @@ class NormalisedDataConfig(DataConfig):
 
 
 def stack_fields(layers, grid: int) -> tuple[list[float], int]:
-    """Where the cells of the last of a stack of unpadded layers ((kernel, stride), input
-    first) look in the input: the centre (input pixel coordinates, 0 = the first pixel's
-    centre) of row/column g's receptive field for every g < ``grid``, and its side."""
+    """Receptive fields of the last of a stack of unpadded (kernel, stride) layers: the centre
+    of row/column g's field in input pixels for every g < ``grid``, and its side."""
     centres = []
     for g in range(grid):
         centre = float(g)

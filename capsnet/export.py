@@ -1,12 +1,8 @@
 """Inference models for other runtimes: ONNX and TorchScript files from a trained model.
 
-The exported model takes float images (B, C, H, W) in [0, 1] (B is dynamic) and returns
-CapsNet's capsule lengths (B, J) and the reconstructions (B, C, H, W) of the predicted
-class (lengths alone for a CapsNet without decoder; the CNN baseline returns its softmax
-probabilities (B, J), the EM capsule network its class activations (B, J)). The model's
-configuration and these names are stored in the file (ONNX metadata_props, TorchScript
-extra file ``capsnet.json``), with the input shape and the classes' names in output order.
-"""
+The exported model takes float images (B, C, H, W) in [0, 1] (B dynamic) and returns the
+class scores (B, J) and, with a decoder, the reconstructions (B, C, H, W); the config and
+these names are stored in the file (ONNX metadata, TorchScript ``capsnet.json``)."""
 from __future__ import annotations
 
 import copy
@@ -35,13 +31,8 @@ METADATA_FILE = "capsnet.json"  # TorchScript extra file holding the description
 
 
 class InferenceModel(nn.Module):
-    """A trained model as a pure function of its input, for export.
-
-    Input images (B, C, H, W) float in [0, 1]. Output a tuple named by
-    :func:`output_names`: the class scores (B, J) (the registry entry's ``scores``: capsule
-    lengths, EM's activations, the CNN's probabilities), then the reconstructions
-    (B, C, H, W) of a model with a decoder, masked by the highest-scoring capsule.
-    """
+    """A trained model as a pure function for export: images (B, C, H, W) in [0, 1] -> the
+    class scores (B, J) and, with a decoder, the reconstructions of the best capsule."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -62,8 +53,7 @@ def output_names(model: nn.Module) -> list[str]:
 
 
 def describe(model: nn.Module) -> dict:
-    """What is stored with an exported file: model name, config, the input's name, shape
-    (B, C, H, W) and range, the output names, and the classes' names in output order."""
+    """What is stored with an exported file: model, config, input, outputs, class names."""
     cfg = model.config
     return {"format": "capsnet-export", "model": entry_of(cfg).name,
             "config": config_to_dict(cfg), "input": INPUT_NAME,
@@ -80,9 +70,7 @@ def example_input(model: nn.Module, batch: int = EXAMPLE_BATCH) -> torch.Tensor:
 
 
 def export_model(model: nn.Module, path: str | os.PathLike, fmt: str) -> Path:
-    """Write ``model`` (a CapsNet or CNNBaseline) as an inference file in ``fmt``
-    ('onnx' or 'torchscript'). Returns the path written. ``model`` itself is left as it
-    was (a frozen CPU copy is exported)."""
+    """Write a frozen CPU copy of ``model`` as ``fmt`` (onnx or torchscript); returns the path."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose from {list(FORMATS)}")
     model = copy.deepcopy(model).to("cpu").eval().requires_grad_(False)
@@ -98,8 +86,7 @@ def export_model(model: nn.Module, path: str | os.PathLike, fmt: str) -> Path:
 
 def _export_onnx(wrapper: InferenceModel, example: torch.Tensor, path: Path, info: dict,
                  opset: int = ONNX_OPSET) -> None:
-    """The TorchScript-based exporter (dynamo=False): no extra dependency beyond onnx,
-    and the batch dimension made dynamic by ``dynamic_axes``."""
+    """The TorchScript-based exporter (dynamo=False), the batch dimension dynamic."""
     try:
         import onnx
     except ImportError:
@@ -118,8 +105,7 @@ def _export_onnx(wrapper: InferenceModel, example: torch.Tensor, path: Path, inf
 
 def _export_torchscript(wrapper: InferenceModel, example: torch.Tensor, path: Path,
                         info: dict) -> None:
-    """torch.jit.trace: the routing loop has a fixed number of iterations, so the trace is
-    the whole computation; sizes are recorded as operations, so any batch size works."""
+    """torch.jit.trace: the routing has a fixed number of iterations, so the trace is whole."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch 2.13 marks torch.jit deprecated
         traced = torch.jit.trace(wrapper, (example,))
@@ -128,8 +114,7 @@ def _export_torchscript(wrapper: InferenceModel, example: torch.Tensor, path: Pa
 
 def export_weights(checkpoint: str | os.PathLike, out_path: str | os.PathLike,
                    dtype: torch.dtype = torch.float16, info: dict | None = None) -> Path:
-    """Write a checkpoint's model as a compact safetensors file (weights in ``dtype``),
-    carrying the model name, its configuration and ``info`` (e.g. measured accuracy)."""
+    """A checkpoint's model as a compact safetensors file (``dtype``), carrying ``info``."""
     payload = load_checkpoint(checkpoint)
     return save_weights(payload["state_dict"], payload["model"], payload["config"], out_path,
                         dtype, info)
@@ -137,9 +122,8 @@ def export_weights(checkpoint: str | os.PathLike, out_path: str | os.PathLike,
 
 def export_run_weights(checkpoint: str | os.PathLike,
                        path: str | os.PathLike | None = None) -> Path:
-    """float16 safetensors weights of a checkpoint, carrying its run's headline results
-    (results.json beside it, confusion matrices left out) as info. ``path`` None writes
-    beside the checkpoint: best.pt -> best.safetensors."""
+    """float16 safetensors weights of a checkpoint with its run's headline results; ``path``
+    None writes best.pt -> best.safetensors."""
     checkpoint = Path(checkpoint)
     results = checkpoint.parent / "results.json"
     info = json.loads(results.read_text()) if results.is_file() else {}
@@ -151,9 +135,8 @@ def export_run_weights(checkpoint: str | os.PathLike,
 
 def export_checkpoint(source: str | os.PathLike, path: str | os.PathLike | None,
                       fmt: str) -> Path:
-    """Export the model of a checkpoint (.pt) or weights file (.safetensors) as ``fmt``
-    (FORMATS, or 'safetensors' for compact weights of a checkpoint). ``path`` None writes
-    beside the source: best.pt -> best.onnx, best.ts.pt or best.safetensors."""
+    """Export a checkpoint or weights file as ``fmt`` (or 'safetensors'); ``path`` None writes
+    beside the source."""
     if fmt == "safetensors":
         return export_run_weights(source, path)
     if fmt not in FORMATS:

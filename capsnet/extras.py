@@ -1,14 +1,5 @@
-"""Optional dependencies: a missing one is a one-line error that gives the install command.
-
-``capsnet`` itself needs torch, numpy, pillow, safetensors and tqdm only. The web demo
-needs Flask (``pip install "capsnet[web]"``) and the figures need matplotlib
-(``pip install "capsnet[plot]"``); the packages that import them call :func:`require_extra`
-first, so ``capsnet serve`` without Flask ends in
-
-    capsnet: error: the web demo needs Flask: pip install "capsnet[web]"
-
-instead of a traceback.
-"""
+"""Optional dependencies: a missing one is a one-line error that gives the install command,
+e.g. ``capsnet: error: the web demo needs Flask: pip install "capsnet[web]"``."""
 from __future__ import annotations
 
 import importlib
@@ -16,8 +7,7 @@ from typing import NamedTuple
 
 
 class Extra(NamedTuple):
-    """One optional dependency: the module imported, its name on the package index, the
-    ``capsnet[...]`` extra that installs it, and what needs it."""
+    """One optional dependency: module, package name, ``capsnet[...]`` extra, what needs it."""
 
     module: str
     package: str
@@ -45,8 +35,7 @@ def install_hint(name: str) -> str:
 
 
 def require_extra(name: str) -> None:
-    """Import the extra ``name``'s module ('web': flask, 'plot': matplotlib), or raise
-    :class:`MissingExtraError` with :func:`install_hint`'s one line."""
+    """Import the extra ``name``'s module, or raise :class:`MissingExtraError`."""
     hint = install_hint(name)
     try:
         importlib.import_module(EXTRAS[name].module)

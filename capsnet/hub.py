@@ -1,15 +1,10 @@
 """Models by one name, as timm names them: ``list_models()`` and ``create_model(name)``.
 
-    >>> from capsnet.hub import create_model, list_models
-    >>> list_models()[:4]  # ['capsnet', 'capsnet-cifar10', 'capsnet-half', 'capsnet-small']
     >>> model = create_model("em-small", routing_iterations=2)  # fresh, options checked
     >>> model = create_model("capsnet", pretrained=True)  # trained (capsnet.pretrained)
 
-A name is a registered model ('capsnet', 'cnn', 'efficient', 'em': the paper's sizes) or
-MODEL-PRESET for another preset ('capsnet-small', 'cnn-tiny'). This module sits above the
-registry (capsnet.models.registry) and the trained weights (capsnet.pretrained), so neither
-of those imports the other.
-"""
+A name is a registered model (the paper's sizes) or MODEL-PRESET ('capsnet-small'). This
+module sits above the registry and the trained weights, so neither imports the other."""
 from __future__ import annotations
 
 from torch import nn
@@ -26,9 +21,7 @@ def split_name(name: str) -> tuple[str, str]:
 
 
 def list_models(pretrained: bool | None = None) -> list[str]:
-    """The names :func:`create_model` takes: 'capsnet', 'cnn', 'efficient', 'em' for the
-    paper's sizes and MODEL-PRESET (e.g. 'capsnet-small', 'cnn-tiny') for the others;
-    with ``pretrained`` True only the names with trained weights (capsnet.pretrained)."""
+    """The names :func:`create_model` takes (with ``pretrained``: those with trained weights)."""
     if pretrained:
         return sorted(pretrained_names())
     return sorted(name if preset == PAPER else f"{name}-{preset}"
@@ -36,9 +29,7 @@ def list_models(pretrained: bool | None = None) -> list[str]:
 
 
 def create_model(name: str, pretrained: bool = False, **overrides) -> nn.Module:
-    """A model by :func:`list_models` name: fresh, with ``overrides`` of its config
-    (checked strictly, as :func:`~capsnet.models.registry.make_config`), or with
-    ``pretrained`` True the trained one (capsnet.pretrained.load_pretrained)."""
+    """A model by :func:`list_models` name: fresh with checked config ``overrides``, or trained."""
     if pretrained:
         if overrides:
             raise ConfigError(f"a pretrained model takes no config overrides "

@@ -1,17 +1,11 @@
 """Using a trained model: predict the class of your own images, reconstruct, move capsule poses.
 
-    >>> from capsnet.inference import predict
     >>> p = predict("my_digit.jpg", model="runs/latest/best.pt")  # a list for a batch
     >>> p.class_name, p.index, p.length, p.alternatives
     ('7', 7, 0.93, [(1, 0.12), (9, 0.08)])
 
-Everything here takes the model's device from its parameters. Model inputs are uint8
-images in the model layout, (N, H, W) or (N, C, H, W), made by
-:func:`capsnet.preprocess.prepare_for_model` or taken from a dataset
-(:func:`capsnet.data.model_view.load_test_set`). Images handed back for showing
-(``Prediction.image`` and ``.reconstruction``, :func:`to_uint8`) are uint8 in the display
-layout: (H, W) grey or (H, W, 3) RGB, channels last, as PIL, matplotlib and PNG take them.
-"""
+Model inputs are uint8 images (N, H, W) or (N, C, H, W) on the model's device; images handed
+back for showing are uint8 in the display layout, (H, W) grey or (H, W, 3) RGB."""
 from __future__ import annotations
 
 import os
@@ -39,11 +33,8 @@ TENSOR_IMAGE_NDIM = 3  # (C, H, W)
 
 @dataclass
 class Prediction:
-    """One image's result. ``index`` is the predicted class, ``class_name`` its name ("7"
-    for MNIST); ``digit`` is the same index (the field MNIST-era consumers read).
-    ``length`` is the winning capsule's length (a softmax probability for the CNN
-    baseline); ``top`` lists (index, length) best first, the winner included. Images are
-    uint8 in the display layout, (H, W) grey or (H, W, 3) RGB."""
+    """One image's result: ``index`` (alias ``digit``) the predicted class, ``length`` the
+    winning capsule's length, ``top`` (index, length) best first, images in the display layout."""
 
     source: str
     digit: int
@@ -72,8 +63,7 @@ class Prediction:
         return self.top[1:]
 
     def as_dict(self) -> dict:
-        """JSON-ready fields (images left out): "class" (the name), "index" and "digit"
-        (both the index), "length", "alternatives" and every class's "lengths"."""
+        """JSON-ready fields, images left out."""
         return {"source": self.source, "class": self.class_name, "index": self.digit,
                 "digit": self.digit, "length": self.length,
                 "alternatives": [{"class": self.name_of(d), "index": d, "digit": d, "length": s}
@@ -86,8 +76,7 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 def as_image_tensor(images: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """uint8 images as a tensor: a tensor stays where it is (a GPU tensor is no numpy array),
-    anything else becomes a CPU tensor."""
+    """uint8 images as a tensor: a tensor stays where it is, anything else goes to the CPU."""
     if isinstance(images, torch.Tensor):
         return images
     return torch.as_tensor(np.asarray(images), dtype=torch.uint8)
@@ -99,8 +88,7 @@ def image_batch(images: np.ndarray | torch.Tensor, device: torch.device) -> torc
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
-    """Float images (..., C, H, W) in [0, 1], C = 1 or 3 -> uint8 numpy in the display
-    layout: (..., H, W) grey or (..., H, W, 3) RGB, every channel kept."""
+    """Float images (..., C, H, W) in [0, 1] -> uint8 numpy (..., H, W) or (..., H, W, 3)."""
     pixels = (images.float().clamp(0, 1) * PIXEL_MAX).round().to(torch.uint8)  # (..., C, H, W)
     if pixels.shape[-3] == RGB:
         return pixels.movedim(-3, -1).cpu().numpy()  # (..., H, W, 3)
@@ -111,9 +99,8 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
 def run_model(model: nn.Module, images: np.ndarray | torch.Tensor,
               batch_size: int = BATCH_SIZE) -> tuple[torch.Tensor, torch.Tensor | None,
                                                       torch.Tensor | None]:
-    """Scores (N, J), poses (N, J, D) or None, reconstructions (N, C, H, W) or None for
-    uint8 images (N, H, W) or (N, C, H, W); reconstructions are decoded from the winning
-    capsule."""
+    """Scores (N, J), poses (N, J, D) or None, reconstructions (N, C, H, W) or None (from
+    the winning capsule) for uint8 images (N, [C,] H, W)."""
     model.eval()
     device = model_device(model)
     scores, poses, recons = [], [], []
@@ -130,8 +117,7 @@ def run_model(model: nn.Module, images: np.ndarray | torch.Tensor,
 
 def predict_prepared(model: nn.Module, images: np.ndarray | torch.Tensor, sources: Sequence[str],
                      top_k: int = 3) -> list[Prediction]:
-    """Predictions for uint8 images (N, H, W) or (N, C, H, W) already prepared for the model
-    (:func:`capsnet.preprocess.prepare_for_model`), one per source."""
+    """Predictions for uint8 images (N, [C,] H, W) already prepared for the model."""
     if len(images) == 0:
         return []
     scores, poses, recons = run_model(model, images)  # (N, J), (N, J, D), (N, C, H, W)
@@ -155,24 +141,8 @@ def predict_prepared(model: nn.Module, images: np.ndarray | torch.Tensor, source
     return results
 
 
-def prepare_sources(images: ImageSource | Sequence[ImageSource], config
-                    ) -> tuple[np.ndarray, list[str]]:
-    """Own images prepared for the model with ``config``: uint8 (N, C, H, W) and names.
-    ``images`` is one image or a batch, as :func:`predict` takes them."""
-    prepared, names = [], []
-    for i, source in enumerate(split_batch(images)[0]):
-        name = _source_name(source, i)
-        try:
-            prepared.append(prepare_one(source, config))  # (C, H, W)
-        except PreprocessError as exc:
-            raise PreprocessError(f"{name}: {exc}") from None
-        names.append(name)
-    return np.stack(prepared), names
-
-
 def split_batch(images: Any) -> tuple[list, bool]:
-    """(the images one by one, whether ``images`` was one image), by :func:`predict`'s
-    rules; PreprocessError in one line for an array or tensor of another shape."""
+    """(the images one by one, whether ``images`` was one image); PreprocessError on a bad shape."""
     if isinstance(images, torch.Tensor):
         if images.dim() not in (TENSOR_IMAGE_NDIM, TENSOR_IMAGE_NDIM + 1):
             raise PreprocessError(f"expected an image tensor (C, H, W) or a batch (B, C, H, W), "
@@ -195,9 +165,7 @@ def split_batch(images: Any) -> tuple[list, bool]:
 
 
 def prepare_one(source: ImageSource | torch.Tensor, config) -> np.ndarray:
-    """One image -> uint8 (C, H, W) for the model with ``config``: a tensor is taken as
-    model input (:func:`tensor_image`), anything else prepared as an own image
-    (:func:`capsnet.preprocess.prepare_for_model`)."""
+    """One image -> uint8 (C, H, W): a tensor as model input, anything else as an own image."""
     if isinstance(source, torch.Tensor):
         return tensor_image(source, config)
     if isinstance(source, np.ndarray) and source.ndim == 3 and source.shape[-1] == 1:
@@ -206,8 +174,7 @@ def prepare_one(source: ImageSource | torch.Tensor, config) -> np.ndarray:
 
 
 def tensor_image(image: torch.Tensor, config) -> np.ndarray:
-    """A model-input tensor (C, H, W) at the model's size, float in [0, 1] (as
-    :func:`to_model_input` makes) or uint8 levels -> uint8 (C, H, W), rounded to 8 bits."""
+    """A model-input tensor (C, H, W), float in [0, 1] or uint8 -> uint8 (C, H, W)."""
     expected = (config.in_channels, config.image_size, config.image_size)
     if tuple(image.shape) != expected:
         raise PreprocessError(f"expected a tensor (C, H, W) = {expected} for this model, or a "
@@ -222,33 +189,26 @@ def tensor_image(image: torch.Tensor, config) -> np.ndarray:
 def predict(images: ImageSource | torch.Tensor | Sequence[ImageSource | torch.Tensor],
             model: ModelSource = None, device: Any = "cpu",
             top_k: int = 3) -> Prediction | list[Prediction]:
-    """The class of one image, or of each image of a batch.
+    """The class of one image (-> a Prediction) or of each image of a batch (-> a list).
 
-    One image (gives one :class:`Prediction`): a path, encoded bytes, a PIL image, an
-    array (H, W) grey or (H, W, C) with C = 1 or 3, or a tensor (C, H, W).
-    A batch (gives a list of them, in order): a list or tuple of such images, an array
-    (B, H, W) or (B, H, W, C), or a tensor (B, C, H, W).
-
-    Paths, bytes, PIL images and arrays are own pictures, levels 0..255, prepared for the
-    model (:func:`capsnet.preprocess.prepare_for_model`: made MNIST-like for a digit model,
-    converted and resized for any other). Tensors are model input already: the model's
-    channels and size, float in [0, 1] (as :func:`to_model_input` and a dataset give
-    them) or uint8 levels.
-
-    ``model``: None (the shipped model), a .pt / .safetensors path or a loaded model.
-    Raises PreprocessError naming the first image that cannot be used.
-    """
+    One image: a path, encoded bytes, a PIL image, an array (H, W) or (H, W, C), or a tensor
+    (C, H, W); a batch: a list of them, an array (B, H, W) or (B, H, W, C), or a tensor
+    (B, C, H, W). Tensors are model input (float in [0, 1] or uint8); everything else is an own
+    picture, prepared by :func:`capsnet.preprocess.prepare_for_model`. ``model``: None (the
+    shipped model), a .pt / .safetensors path or a loaded model. PreprocessError names the
+    first image that cannot be used."""
     model = load_model(model, device)
     sources, single = split_batch(images)
-    prepared, names = prepare_sources(sources, model.config)
-    results = predict_prepared(model, prepared, names, top_k)
+    prepared, names = [], []
+    for i, source in enumerate(sources):
+        name = str(source) if isinstance(source, (str, os.PathLike)) else f"<image {i}>"
+        try:
+            prepared.append(prepare_one(source, model.config))  # (C, H, W)
+        except PreprocessError as exc:
+            raise PreprocessError(f"{name}: {exc}") from None
+        names.append(name)
+    results = predict_prepared(model, np.stack(prepared), names, top_k)
     return results[0] if single else results
-
-
-def _source_name(source: Any, index: int) -> str:
-    if isinstance(source, (str, os.PathLike)):
-        return str(source)
-    return f"<image {index}>"
 
 
 @torch.no_grad()
@@ -271,8 +231,8 @@ def perturbation_deltas(limit: float = PERTURB_RANGE, step: float = PERTURB_STEP
 @torch.no_grad()
 def perturbation_grid(model: nn.Module, pose: torch.Tensor, digit: int,
                       deltas: torch.Tensor) -> torch.Tensor:
-    """The paper's Figure 4 for one capsule: pose (D,) of class ``digit``; every dimension
-    moved by each delta (S,), all decoded in one batch. Returns images (D, S, C, H, W)."""
+    """The paper's Figure 4 for one pose (D,) of class ``digit``: every dimension moved by
+    each delta (S,) and decoded -> images (D, S, C, H, W)."""
     D, S = pose.shape[0], deltas.shape[0]
     offsets = torch.eye(D, device=pose.device, dtype=pose.dtype)[:, None, :] \
         * deltas.to(pose.device, pose.dtype)[None, :, None]  # (D, S, D)
@@ -290,8 +250,7 @@ def require_decoder(model: nn.Module) -> None:
 
 def pick_examples(labels: torch.Tensor, predictions: torch.Tensor, count: int,
                   misclassified: int) -> torch.Tensor:
-    """Indices (K,) of the first ``count`` examples, then the first ``misclassified``
-    mis-classified examples not already among them (fewer if there are not enough)."""
+    """Indices (K,) of the first ``count`` examples, then up to ``misclassified`` later errors."""
     first = torch.arange(min(count, len(labels)), device=labels.device)  # (count,)
     wrong = torch.nonzero(predictions.to(labels.device) != labels).flatten()  # (W,)
     wrong = wrong[wrong >= len(first)][:misclassified]
@@ -304,8 +263,8 @@ SEARCH_CHUNK = 500
 
 def predict_until(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, count: int,
                   misclassified: int) -> torch.Tensor:
-    """Predicted classes (n,) of images[:n] (N, [C,] H, W), n the smallest multiple of
-    SEARCH_CHUNK (or N) covering ``count`` images and ``misclassified`` errors after them."""
+    """Predictions (n,) of images[:n], n the first multiple of SEARCH_CHUNK (or N) that
+    covers ``count`` images and ``misclassified`` errors after them."""
     predictions = []
     labels = labels.cpu()  # compared with the predictions, read back to the CPU
     for start in range(0, len(images), SEARCH_CHUNK):
@@ -320,8 +279,8 @@ def predict_until(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, 
 
 def first_of_each_class(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
                         classes: Sequence[int]) -> list[int]:
-    """For each of ``classes``, the index of the first of ``images`` (N, [C,] H, W) with that
-    label that the model classifies correctly (else the first with that label)."""
+    """For each of ``classes``, the first image (N, [C,] H, W) of it classified correctly
+    (else the first of it)."""
     num_classes = model.config.num_classes
     bad = [c for c in classes if not 0 <= c < num_classes]
     if bad:

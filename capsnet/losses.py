@@ -16,10 +16,7 @@ SPREAD_MARGIN_START, SPREAD_MARGIN_END = 0.2, 0.9
 def margin_loss(lengths: torch.Tensor, targets: torch.Tensor, m_plus: float = M_PLUS,
                 m_minus: float = M_MINUS, lam: float = LAMBDA) -> torch.Tensor:
     """L_k = T_k max(0, m+ - |v_k|)^2 + lam (1 - T_k) max(0, |v_k| - m-)^2, summed over k,
-    averaged over the batch.
-
-    lengths: (B, J). targets: (B,) class indices or (B, J) 0/1 (several digits present).
-    """
+    averaged over the batch. lengths (B, J); targets (B,) indices or (B, J) 0/1."""
     if targets.dim() == 1:
         targets = F.one_hot(targets, lengths.shape[-1])
     T = targets.to(lengths.dtype)  # (B, J)
@@ -52,11 +49,8 @@ def spread_margin(run_fraction: float, start: float = SPREAD_MARGIN_START,
 
 def spread_loss(activations: torch.Tensor, targets: torch.Tensor,
                 margin: float = SPREAD_MARGIN_END) -> torch.Tensor:
-    """L = sum over i != t of max(0, m - (a_t - a_i))^2 (Hinton et al. 2018, Eq. 3): every
-    wrong class closer than the margin to the target's activation is penalised by the
-    squared distance to the margin. Averaged over the batch.
-
-    activations: (B, J) class activations; targets: (B,) class indices."""
+    """L = sum over i != t of max(0, m - (a_t - a_i))^2 (Hinton et al. 2018, Eq. 3), averaged
+    over the batch. activations (B, J); targets (B,)."""
     a_t = activations.gather(1, targets.unsqueeze(1))  # (B, 1)
     gap = F.relu(margin - (a_t - activations)).pow(2)  # (B, J); m^2 at the target itself
     wrong = 1.0 - F.one_hot(targets, activations.shape[-1]).to(activations.dtype)  # (B, J)

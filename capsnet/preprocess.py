@@ -1,26 +1,10 @@
 """Your own images -> a model's input: :func:`prepare_for_model` picks the way.
 
-Models of handwritten digits (grey, trained on MNIST) get digits made the way MNIST
-itself was made (below); every other model, grey or colour, any size (Fashion-MNIST,
-CIFAR-10, SVHN, image folders), gets the whole image as the folder reader decodes a
-training file: upright, transparency onto black, converted to the model's channels and
-resized to its size (:func:`prepare_plain`), centre-cropped for a model trained on crops.
-
-LeCun et al. size-normalised each digit to fit a 20x20 box keeping its aspect ratio
-(with anti-aliasing, hence grey levels) and centred it by its centre of mass in a 28x28
-field, white ink on black. :func:`prepare_image` does the same to a photo or scan:
-
-1. grayscale (transparent pixels flattened onto a contrasting background);
-2. dark-on-light detected from the border and inverted, so ink is bright;
-3. background subtracted and contrast stretched; faint noise set to zero;
-4. cropped to the ink's bounding box;
-5. scaled so its longer side is 20 pixels, aspect ratio kept;
-6. pasted into 28x28 so that its centre of mass is at pixel (14, 14), as in MNIST.
-
-Anything that cannot give an input raises :class:`PreprocessError` with a one-line
-reason: not an image, truncated, too many pixels (checked before decoding: a
-decompression bomb is refused without allocating it), or, for a digit, no ink.
-"""
+A grey digit model gets the digit made as MNIST was (:func:`prepare_image`): grayscale,
+dark-on-light inverted, background removed, cropped to the ink, scaled to fit 20x20 and
+centred by centre of mass in 28x28. Every other model gets the whole image as the folder
+reader decodes a training file (:func:`prepare_plain`). Anything unusable (not an image,
+truncated, over MAX_PIXELS, checked before decoding, or no ink) raises PreprocessError."""
 from __future__ import annotations
 
 import io
@@ -31,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from capsnet.data.augment import center_crop
 from capsnet.data.decode import RESAMPLE, flatten_image, image_array
 from capsnet.data.image_dataset import PIXEL_MAX
 from capsnet.data.policy import is_digit_model
@@ -57,19 +42,13 @@ class ImageTooLargeError(PreprocessError):
 
 
 def load_grey(source: str | os.PathLike | bytes | bytearray | Image.Image) -> np.ndarray:
-    """Decode a path, encoded bytes or PIL image into grey levels (H, W) float32 in [0, 255].
-
-    The pixel count is checked from the header, before any pixel data is decoded.
-    Raises PreprocessError for a missing or empty file, a non-image, a truncated or corrupt
-    file, or more than MAX_PIXELS pixels.
-    """
+    """Decode a path, bytes or PIL image into grey levels (H, W) float32 in [0, 255]."""
     return decoded(source, to_grayscale)
 
 
 def decoded(source: str | os.PathLike | bytes | bytearray | Image.Image,
             convert: Callable[[Image.Image], np.ndarray]) -> np.ndarray:
-    """``convert`` applied to the decoded image of a path, encoded bytes or PIL image, while
-    its file is open; raises PreprocessError as :func:`load_grey` says."""
+    """``convert`` of the decoded image of a path, bytes or PIL image; PreprocessError."""
     if isinstance(source, Image.Image):
         return convert(_checked_load(source))
     if isinstance(source, (bytes, bytearray)):
@@ -118,12 +97,8 @@ def _reason(exc: Exception) -> str:
 
 
 def to_grayscale(image: Image.Image) -> np.ndarray:
-    """A decoded image -> float32 (H, W) grey levels in [0, 255], upright (EXIF orientation
-    applied), at most WORK_SIZE on its longer side.
-
-    Transparent pixels are flattened onto white, or onto black if that leaves no contrast
-    (white strokes on a transparent canvas). 16-bit and float images are rescaled.
-    """
+    """A decoded image -> upright float32 (H, W) grey levels in [0, 255], at most WORK_SIZE;
+    transparency onto white (onto black if that leaves no contrast); 16-bit/float rescaled."""
     image = ImageOps.exif_transpose(image)
     if max(image.size) > WORK_SIZE:
         image = image.copy()
@@ -144,11 +119,8 @@ def to_grayscale(image: Image.Image) -> np.ndarray:
 
 
 def ink_map(grey: np.ndarray) -> np.ndarray:
-    """Grey levels (H, W) -> ink (H, W) in [0, 1]: bright ink on a zero background.
-
-    The background is the median of a border ring; a light background means dark ink,
-    which is inverted. Raises PreprocessError when ink and background barely differ.
-    """
+    """Grey levels (H, W) -> ink (H, W) in [0, 1] on a zero background (border median);
+    light backgrounds inverted; PreprocessError when there is too little contrast."""
     H, W = grey.shape
     ring = max(1, round(BORDER_FRACTION * min(H, W)))
     border = np.concatenate([grey[:ring].ravel(), grey[-ring:].ravel(),
@@ -167,8 +139,8 @@ def ink_map(grey: np.ndarray) -> np.ndarray:
 
 
 def fit_to_box(ink: np.ndarray, box: int = FIT_SIZE) -> np.ndarray:
-    """Crop ink (H, W) to its bounding box and scale it (anti-aliased) so that its longer
-    side is ``box`` pixels, keeping the aspect ratio. Returns (h, w) float32, max 1."""
+    """Ink (H, W) cropped to its bounding box and scaled so its longer side is ``box``
+    -> (h, w) float32, max 1."""
     rows = np.flatnonzero(ink.any(axis=1))
     cols = np.flatnonzero(ink.any(axis=0))
     if rows.size == 0:
@@ -187,9 +159,7 @@ def fit_to_box(ink: np.ndarray, box: int = FIT_SIZE) -> np.ndarray:
 
 
 def center_by_mass(digit: np.ndarray, size: int = MNIST_SIZE) -> np.ndarray:
-    """Paste digit (h, w) into a (size, size) field so that its centre of mass falls on
-    pixel (size/2, size/2), where MNIST's digits have theirs (mean 14.00 on its test set),
-    kept inside the field. Returns (size, size) float32."""
+    """Digit (h, w) pasted into (size, size) float32 with its centre of mass at (size/2, size/2)."""
     h, w = digit.shape
     total = float(digit.sum())
     com_y = float((digit.sum(axis=1) * np.arange(h)).sum()) / total
@@ -214,24 +184,16 @@ def prepare_array(grey: np.ndarray) -> np.ndarray:
 
 
 def prepare_image(source: ImageSource) -> np.ndarray:
-    """A photo or scan of one handwritten digit -> MNIST-like uint8 (28, 28), white on black.
-
-    ``source``: a path, encoded image bytes (PNG, JPEG, any format Pillow reads), a PIL
-    image, or a 2-D array of grey levels 0..255. Raises PreprocessError.
-    """
+    """A photo or scan of one digit (path, bytes, PIL image or grey array) -> MNIST-like
+    uint8 (28, 28), white on black."""
     if isinstance(source, np.ndarray):
         return prepare_array(source)
     return prepare_array(load_grey(source))
 
 
 def prepare_plain(source: ImageSource, size: int, channels: int) -> np.ndarray:
-    """Any image -> uint8 (channels, size, size) as the folder reader decodes a file with
-    ``--image-size``: upright (EXIF), transparency flattened onto black, grey (luma) or RGB,
-    resized to size x size (antialiased bilinear, aspect ratio not kept).
-
-    ``source``: a path, encoded bytes, a PIL image, or a uint8 array (H, W) grey or
-    (H, W, 3) RGB. Raises PreprocessError.
-    """
+    """Any image -> uint8 (channels, size, size) as the folder reader decodes a file:
+    upright, transparency onto black, grey or RGB, resized (aspect ratio not kept)."""
     def convert(image: Image.Image) -> np.ndarray:
         return image_array(flatten_image(ImageOps.exif_transpose(image)), (size, size), channels)
 
@@ -251,9 +213,7 @@ def _array_image(array: np.ndarray) -> Image.Image:
 
 
 def fit_digit(field: np.ndarray, size: int) -> np.ndarray:
-    """An MNIST-like digit (28, 28) uint8 for a model taking ``size`` x ``size`` input:
-    centred on a black canvas when larger (as the affNIST and MultiMNIST models are
-    trained), resized (antialiased bilinear) when smaller."""
+    """A (28, 28) digit for a ``size`` input: centred on black when larger, resized when smaller."""
     side = field.shape[0]
     if size == side:
         return field
@@ -265,26 +225,12 @@ def fit_digit(field: np.ndarray, size: int) -> np.ndarray:
     return canvas
 
 
-def center_crop_array(image: np.ndarray, size: int) -> np.ndarray:
-    """The central size x size window of image (C, H, W), as training crops are evaluated."""
-    H, W = image.shape[-2:]
-    top, left = (H - size) // 2, (W - size) // 2
-    return np.ascontiguousarray(image[..., top:top + size, left:left + size])
-
-
 def prepare_for_model(source: ImageSource, config) -> np.ndarray:
-    """An own image -> uint8 (C, H, W) as the model with ``config`` takes it.
-
-    A grey model of handwritten digits (:func:`capsnet.data.policy.is_digit_model`) gets the
-    digit made MNIST-like (:func:`prepare_image`; :func:`fit_digit` to its size); every
-    other model (Fashion-MNIST, CIFAR-10, SVHN, image folders) gets the whole image
-    converted to its channels and resized to its size (:func:`prepare_plain`), and a model
-    trained on crops gets the centre crop of the image resized to the uncropped size.
-    Raises PreprocessError.
-    """
+    """An own image -> uint8 (C, H, W) for the model with ``config`` (digit or plain
+    preparation, then the centre crop of a model trained on crops)."""
     side = config.uncropped_size or config.image_size
     if is_digit_model(config):
         image = fit_digit(prepare_image(source), side)[None]  # (1, side, side)
     else:
         image = prepare_plain(source, side, config.in_channels)  # (C, side, side)
-    return center_crop_array(image, config.image_size)  # (C, H, W)
+    return np.ascontiguousarray(center_crop(image, config.image_size))  # (C, H, W)

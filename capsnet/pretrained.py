@@ -1,35 +1,27 @@
-"""Pretrained weights, offline and checksum-verified: one table row per trained model.
+"""Pretrained weights, offline and SHA-256-verified: one table row per trained model.
 
-    >>> from capsnet.pretrained import load_pretrained, pretrained_names
-    >>> pretrained_names()
-    ['capsnet']
-    >>> model = load_pretrained("capsnet")  # the paper CapsNet, 99.67% on the MNIST test set
+    >>> model = load_pretrained("capsnet")  # the paper CapsNet
 
-A weights file is read from the package (``capsnet/weights/``) or, for a model not
-shipped with it, from the user cache (``$CAPSNET_CACHE_DIR/weights``, else
-``~/.cache/capsnet/weights``); nothing is downloaded. Its SHA-256 is checked before it is
-read. The file (safetensors, ``capsnet export --format safetensors``) stores the model's
-name and config, so :func:`capsnet.checkpoint.load_model` rebuilds the model from it alone.
-"""
+A weights file (safetensors, carrying its model's name and config) is read from the
+package (``capsnet/weights/``) or the user cache (``<cache dir>/weights``); nothing is
+downloaded."""
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
 from capsnet.checkpoint import WEIGHTS_DIR, load_model
-from capsnet.data.sources import default_cache_dir
+from capsnet.data.sources import default_cache_dir, file_digest
 
 CACHE_SUBDIR = "weights"
-READ_CHUNK = 1 << 20  # bytes hashed per read
 
 
 @dataclass(frozen=True)
 class Pretrained:
-    """One set of trained weights: its file, the file's SHA-256, the test accuracy it
-    scored on ``dataset``'s full test set (None: not measured) and how it was trained."""
+    """One set of trained weights: file, SHA-256, test accuracy on ``dataset`` (None: not
+    measured) and how it was trained."""
 
     file: str
     sha256: str
@@ -64,8 +56,7 @@ def cache_dir() -> Path:
 
 
 def weights_path(name: str) -> Path:
-    """The file of ``name``'s weights: shipped in the package, else in :func:`cache_dir`
-    (the shipped path when it is in neither, for the error to name)."""
+    """``name``'s weights file: in the package, else in :func:`cache_dir` (else the package's)."""
     entry = _entry(name)
     for folder in (WEIGHTS_DIR, cache_dir()):
         if (folder / entry.file).is_file():
@@ -75,11 +66,7 @@ def weights_path(name: str) -> Path:
 
 def file_sha256(path: str | Path) -> str:
     """Hex SHA-256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(READ_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_digest(path, "sha256", decompress=False)
 
 
 def verified_weights(name: str) -> Path:

@@ -1,32 +1,15 @@
 """Routing made visible: what each routing iteration did for a batch.
 
-    >>> from capsnet.routing_trace import routing_trace
     >>> trace = routing_trace(model, images)  # images: (B, C, H, W) in [0, 1], or uint8
     >>> trace.couplings.shape  # (B, R, J, I): each iteration's couplings
     >>> trace.coupling_maps().shape  # (B, R, J, G, G): mean over the capsule types
 
-The trace follows the routing into a model's class capsules, whichever model and router:
-
-- CapsNet (``--model capsnet``, any ``--routing``): primary capsules -> DigitCaps; the
-  couplings are the router's own (c_ij for dynamic routing, r_ij for inverted attention, C_ij
-  for self-attention);
-- Efficient-CapsNet (``--model efficient``): its primary capsules -> class capsules by
-  self-attention routing, C_ij (one pass: one "iteration");
-- matrix capsules with EM routing (``--model em``): ConvCaps2's capsules -> class capsules,
-  the assignments R_ij of each M-step. The convolutional capsule layers below route too;
-  the trace shows the class-capsule layer's, where the classes compete.
-
-:func:`routing_trace` runs the model's own ``forward_routing`` (the part of its forward up
-to and including the class capsules' routing, which ``forward`` itself calls) under
-``torch.no_grad()`` in the model's compute precision, so its ``v`` and ``scores`` are the
-model's outputs and its couplings the router's own (``Routed.couplings``); where the
-children sit is the model's registry entry's ``routing_view``. The model itself is neither
-changed nor slowed (training never calls this).
-
-Children are indexed as the model lays them out: CapsNet's primary capsules type-major,
-i = (type, row, column); Efficient-CapsNet's and the EM model's position-major, i = (row,
-column, type). ``on_grid`` undoes either flattening to (types, G, G).
-"""
+The trace follows the routing into the class capsules: CapsNet's primary capsules ->
+DigitCaps (any router), Efficient-CapsNet's primary -> class capsules, the EM model's
+ConvCaps2 -> class capsules. It runs the model's own ``forward_routing`` under no_grad, so
+``v``, ``scores`` and couplings are the model's; the registry entry's ``routing_view`` says
+where the children sit. Children are type-major for CapsNet, position-major otherwise;
+``on_grid`` undoes either to (types, G, G)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +27,8 @@ __all__ = ["POSITION_MAJOR", "TYPE_MAJOR", "Children", "RoutingTrace", "has_rout
 
 @dataclass(frozen=True)
 class RoutingTrace:
-    """Every routing iteration of the class-capsule layer for a batch of B images; R
-    iterations, J class capsules, I = types * G * G children. All tensors float32."""
+    """Every routing iteration of the class-capsule layer for B images: R iterations, J
+    classes, I = types * G * G children; float32."""
 
     couplings: torch.Tensor  # (B, R, J, I) used by iteration r (Routed.couplings)
     # (B, R, J, I) u_hat . v after iteration r (the last is unused); None for a router
@@ -94,19 +77,15 @@ class RoutingTrace:
         return f"|{symbol}\u00b7\u00fb|"
 
     def contributions(self) -> torch.Tensor:
-        """(B, R, J, I): coupling times vote weight, how much child i adds to capsule j
-        (|c_ij u_hat_j|i| for vector capsules; r_ij = R_ij a_i for EM)."""
+        """(B, R, J, I): coupling times vote weight (|c_ij u_hat_j|i|; r_ij for EM)."""
         return self.couplings * self.vote_weights.unsqueeze(1)  # (B, R, J, I)
 
     def coupling_maps(self) -> torch.Tensor:
-        """(B, R, J, G, G): couplings averaged over the capsule types (1/J everywhere in
-        a uniform first iteration; 1 where every type at a grid cell sends all its output
-        to capsule j)."""
+        """(B, R, J, G, G): couplings averaged over the capsule types."""
         return self.on_grid(self.couplings).mean(dim=-3)  # (B, R, J, G, G)
 
     def support_maps(self) -> torch.Tensor:
-        """(B, R, J, G, G): contributions summed over the capsule types: where capsule j's
-        support comes from on the children's grid."""
+        """(B, R, J, G, G): contributions summed over the capsule types."""
         return self.on_grid(self.contributions()).sum(dim=-3)  # (B, R, J, G, G)
 
     def type_maps(self) -> torch.Tensor:
@@ -118,8 +97,7 @@ class RoutingTrace:
         return self.on_grid(self.contributions()).sum(dim=(-2, -1))  # (B, R, J, T)
 
     def routed_shares(self) -> torch.Tensor:
-        """(B, R, J): the share of the children's output (each weighted by its strength)
-        that iteration r routes to capsule j; sums to 1 over j (1/J where uniform)."""
+        """(B, R, J): the share of the children's output routed to each j (sums to 1)."""
         weights = self.strengths  # (B, I)
         routed = torch.einsum("brji,bi->brj", self.couplings, weights)  # (B, R, J)
         total = weights.sum(dim=-1).clamp_min(torch.finfo(weights.dtype).tiny)  # (B,)
@@ -127,15 +105,13 @@ class RoutingTrace:
 
 
 def receptive_fields(config) -> tuple[list[float], int]:
-    """Where a model's class capsules' children look in the input: each grid row/column's
-    centre in input pixels (8, 10, ..., 18 for CapsNet at 28x28) and the field's side (17)."""
+    """The centre in input pixels of each grid row/column of the children, and the field's side."""
     children = entry_of(config).routing_view(config)
     return children.centres, children.field
 
 
 def has_routing(model: nn.Module) -> bool:
-    """Whether :func:`routing_trace` can follow ``model``'s routing (its registry entry
-    has a routing view)."""
+    """Whether the model's registry entry has a routing view."""
     config = getattr(unwrap(model), "config", None)
     try:
         return entry_of(config).routing_view is not None
@@ -145,13 +121,8 @@ def has_routing(model: nn.Module) -> bool:
 
 @torch.no_grad()
 def routing_trace(model: nn.Module, images: torch.Tensor) -> RoutingTrace:
-    """Trace the routing into the class capsules of ``model`` (CapsNet with any router,
-    Efficient-CapsNet or the EM model) for ``images``: float (B, C, H, W) in [0, 1] as the
-    model takes them, or uint8 (B, H, W) / (B, C, H, W).
-
-    ``v`` and ``scores`` equal the model's outputs for the same batch. Raises ValueError
-    for a model without routing.
-    """
+    """Trace the routing into ``model``'s class capsules for ``images``, float (B, C, H, W)
+    in [0, 1] or uint8; ValueError for a model without routing."""
     model = unwrap(model)
     if not has_routing(model):
         raise ValueError(f"routing needs a CapsNet (capsnet, efficient or em); this model is a "

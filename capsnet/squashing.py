@@ -53,14 +53,8 @@ def short_length(dtype: torch.dtype) -> float:
 
 
 def exp_squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """v = (1 - e^-|s|) s / |s| along ``dim``; input any shape (..., D, ...), output the
-    same shape with lengths in [0, 1).
-
-    Long vectors: the direction is computed from ``s`` divided by its largest absolute
-    entry (detached, so the gradient is exact), so no square overflows even for entries
-    near the float32 limit. Short vectors (|s| < short_length): s times the Taylor series
-    of the factor. Each branch sees only safe inputs, so no NaN reaches a gradient.
-    """
+    """v = (1 - e^-|s|) s / |s| along ``dim``, same shape, lengths in [0, 1); long vectors
+    scaled by their largest entry first, short ones by a Taylor series, so no NaN gradient."""
     scale = s.detach().abs().amax(dim=dim, keepdim=True).clamp_min(torch.finfo(s.dtype).tiny)
     t = s / scale  # entries in [-1, 1], the largest is +-1 unless s == 0
     t_norm = torch.linalg.vector_norm(t, dim=dim, keepdim=True)  # in [1, sqrt(D)] or 0

@@ -1,6 +1,5 @@
-"""`capsnet affnist train|evaluate`: the paper's affNIST protocol. Train on MNIST digits at
-random places on a 40x40 canvas; compare models on placed MNIST and on affine-transformed
-40x40 digits."""
+"""`capsnet affnist train|evaluate`: the paper's affNIST protocol (40x40 placed MNIST
+training, placed and affine-transformed test digits)."""
 from __future__ import annotations
 
 import argparse
@@ -13,10 +12,9 @@ from capsnet.cli.args import (
     add_recipe_args,
     add_run_args,
     add_target_arg,
-    load_cli_model,
-    matched_sources,
     settings_from_args,
 )
+from capsnet.cli.robustness import cli_models, first_on_device
 from capsnet.data.datasets import load_split
 from capsnet.data.transforms import AffineRanges
 from capsnet.experiments.affnist import (
@@ -27,7 +25,6 @@ from capsnet.experiments.affnist import (
     format_comparison,
     train_affnist,
 )
-from capsnet.experiments.robustness import named_models
 
 EXAMPLES = 10  # digits drawn per test set with --examples
 
@@ -72,12 +69,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    paths = matched_sources(args, args.checkpoints)
-    models = named_models(paths, [load_cli_model(args, path) for path in paths], args.labels)
-    test = load_split(args.dataset, "test", args.data_dir, args.download)
-    test = test.to(next(models[0].model.parameters()).device)
-    if args.limit is not None:
-        test = test.subset(range(min(args.limit, len(test))))
+    models = cli_models(args)
+    test = first_on_device(load_split(args.dataset, "test", args.data_dir, args.download),
+                           models, args.limit)
     rows = compare(models, test.images, test.labels, args.seed, batch_size=args.batch_size)
     if args.examples:
         from capsnet.figures import examples_figure

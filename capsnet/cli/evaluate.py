@@ -6,6 +6,7 @@ import json
 
 from capsnet.checkpoint import DEFAULT_WEIGHTS
 from capsnet.cli.args import add_data_args, add_model_args, load_cli_model, load_cli_test_set
+from capsnet.inference import model_device
 from capsnet.training.loop import evaluate
 
 
@@ -24,7 +25,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     model = load_cli_model(args)
-    test = load_cli_test_set(args, model.config).to(next(model.parameters()).device)
+    test = load_cli_test_set(args, model.config).to(model_device(model))
     result = evaluate(model, test.images, test.labels, batch_size=args.batch_size)
     report = {"checkpoint": str(args.checkpoint or DEFAULT_WEIGHTS),
               "dataset": args.dataset or model.config.dataset, "images": len(test),

@@ -7,6 +7,7 @@ import torch
 
 from capsnet.classes import class_index, label_of
 from capsnet.cli.args import add_data_args, add_model_args, load_cli_model, load_cli_test_set
+from capsnet.cli.predict import read_named
 from capsnet.inference import (
     PERTURB_RANGE,
     PERTURB_STEP,
@@ -17,7 +18,6 @@ from capsnet.inference import (
     run_model,
     to_uint8,
 )
-from capsnet.preprocess import PreprocessError, prepare_for_model
 
 SEARCH_LIMIT = 2000  # test images searched for a correctly classified example of each class
 DEFAULT_CLASSES = ("1", "3", "7")
@@ -69,10 +69,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def chosen_images(args: argparse.Namespace, model: torch.nn.Module) -> torch.Tensor:
-    """uint8 images (K, [C,] H, W): the user's own images, or for each of --classes the first
-    test image of that class the model classifies correctly (else the first of that class)."""
+    """uint8 images (K, [C,] H, W): your own, or per class its first correctly classified
+    test image (else its first)."""
     if args.image:
-        return torch.stack([torch.from_numpy(_prepare(name, model.config))
+        return torch.stack([torch.from_numpy(read_named(name, model.config))
                             for name in args.image])
     config = model.config
     given = args.classes or [c for c in DEFAULT_CLASSES if int(c) < config.num_classes] \
@@ -84,10 +84,3 @@ def chosen_images(args: argparse.Namespace, model: torch.nn.Module) -> torch.Ten
     test = load_cli_test_set(args, config)
     images, labels = test.images[:SEARCH_LIMIT], test.labels[:SEARCH_LIMIT]  # (N, ...), (N,)
     return images[first_of_each_class(model, images, labels, classes)]
-
-
-def _prepare(name: str, config):
-    try:
-        return prepare_for_model(name, config)  # (C, H, W) uint8
-    except PreprocessError as exc:
-        raise PreprocessError(f"{name}: {exc}") from None

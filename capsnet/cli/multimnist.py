@@ -22,6 +22,7 @@ from capsnet.experiments.multimnist_training import (
     reconstruct_pairs,
     train_multimnist,
 )
+from capsnet.inference import model_device
 from capsnet.models import model_name_of
 
 FIGURE_PAIRS = 8
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if model_name_of(model.config) != "capsnet":
         raise ValueError(f"{args.checkpoint}: MultiMNIST needs a CapsNet checkpoint")
     test = load_split(args.dataset, "test", args.data_dir, args.download)
-    test = test.to(next(model.parameters()).device)
+    test = test.to(model_device(model))
     max_shift = shift_for(model.config.image_size, test.images.shape[-1])
     count = args.pairs if args.action == "evaluate" else args.count
     pairs = pair_set(test.images, test.labels, count, args.seed, max_shift)

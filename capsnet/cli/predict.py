@@ -47,8 +47,7 @@ def add_parser(subparsers) -> None:
 
 
 def expand_inputs(names: list[str]) -> list[str]:
-    """Command-line names -> sources: '-' stays, a folder becomes its image files (sorted),
-    anything else is kept as a path (its errors are reported when it is read)."""
+    """Names -> sources: '-' stays, a folder becomes its image files (sorted), else a path."""
     suffixes = {s.lower() for s in Image.registered_extensions()}
     sources = []
     for name in names:
@@ -63,13 +62,24 @@ def expand_inputs(names: list[str]) -> list[str]:
 
 
 def read_source(name: str, config) -> np.ndarray:
-    """One source -> uint8 (C, H, W) prepared for the model with ``config``; raises
-    PreprocessError."""
+    """One source -> uint8 (C, H, W) for the model with ``config``; PreprocessError."""
     if name == STDIN:
         return prepare_for_model(sys.stdin.buffer.read(), config)
     if Path(name).is_dir():
         raise PreprocessError("a folder with no image files")
     return prepare_for_model(name, config)
+
+
+def read_named(name: str, config) -> np.ndarray:
+    """:func:`read_source`, its PreprocessError prefixed with the source's name."""
+    try:
+        return read_source(name, config)  # (C, H, W)
+    except PreprocessError as exc:
+        raise PreprocessError(f"{shown_name(name)}: {exc}") from None
+
+
+def shown_name(name: str) -> str:
+    return STDIN_NAME if name == STDIN else name
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -78,11 +88,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     model = load_cli_model(args)
     prepared, names, errors = [], [], []
     for name in expand_inputs(args.images):
+        shown = shown_name(name)
         try:
             prepared.append(read_source(name, model.config))  # (C, H, W)
-            names.append(STDIN_NAME if name == STDIN else name)
+            names.append(shown)
         except PreprocessError as exc:
-            shown = STDIN_NAME if name == STDIN else name
             errors.append({"source": shown, "error": str(exc)})
             print(f"capsnet: error: {shown}: {exc}", file=sys.stderr)
     images = np.stack(prepared) if prepared else np.zeros((0, 1, 1, 1), dtype=np.uint8)
@@ -100,8 +110,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def format_prediction(p: Prediction) -> str:
-    """'my_seven.jpg: 7  length 0.912   then 1 (0.143), 9 (0.088)' for digits named by
-    their index; 'shoe.png: Sneaker (7)  length 0.910   then Sandal (5) 0.051, ...' else."""
+    """'my_seven.jpg: 7  length 0.912   then 1 (0.143), 9 (0.088)', with class names
+    'shoe.png: Sneaker (7)  length 0.910   then Sandal (5) 0.051'."""
     line = f"{p.source}: {_label(p, p.digit)}  length {p.length:.3f}"
     if _named(p):
         others = ", ".join(f"{_label(p, d)} {s:.3f}" for d, s in p.alternatives)
@@ -125,8 +135,7 @@ def grey_levels(image: np.ndarray) -> np.ndarray:
 
 
 def ascii_pair(image: np.ndarray, reconstruction: np.ndarray | None) -> str:
-    """Two uint8 images (H, W) or (H, W, 3) side by side as text (their brightness), two
-    characters per pixel."""
+    """Two uint8 images (H, W[, 3]) side by side as text, two characters per pixel."""
     panels = [grey_levels(image)] + ([grey_levels(reconstruction)]
                                      if reconstruction is not None else [])
     width = 2 * image.shape[1]

@@ -13,8 +13,10 @@ from capsnet.cli.args import (
     load_cli_test_set,
     matched_sources,
 )
+from capsnet.data.image_dataset import ImageDataset
 from capsnet.data.transforms import AffineRanges, affine_set, angle_range, rotate
 from capsnet.experiments.robustness import (
+    NamedModel,
     affine_rows,
     format_table,
     input_size_check,
@@ -23,6 +25,7 @@ from capsnet.experiments.robustness import (
     rotation_rows,
     write_csv,
 )
+from capsnet.inference import model_device
 
 EXAMPLES = 10  # digits shown per row in examples.png
 
@@ -54,16 +57,25 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def cli_models(args: argparse.Namespace) -> list[NamedModel]:
+    """The positional checkpoints (or matched runs) loaded, with their --labels."""
+    paths = matched_sources(args, args.checkpoints)
+    return named_models(paths, [load_cli_model(args, path) for path in paths], args.labels)
+
+
+def first_on_device(test: ImageDataset, models: list[NamedModel],
+                    limit: int | None) -> ImageDataset:
+    """The first ``limit`` (default: all) images of ``test`` on the models' device."""
+    test = test.to(model_device(models[0].model))
+    return test if limit is None else test.subset(range(min(limit, len(test))))
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from capsnet.figures import examples_figure, rotation_figure
 
-    paths = matched_sources(args, args.checkpoints)
-    models = named_models(paths, [load_cli_model(args, path) for path in paths], args.labels)
+    models = cli_models(args)
     smallest = min(models, key=lambda m: m.image_size)  # larger canvases see its images centred
-    test = load_cli_test_set(args, smallest.model.config)
-    test = test.to(next(models[0].model.parameters()).device)
-    if args.limit is not None:
-        test = test.subset(range(min(args.limit, len(test))))
+    test = first_on_device(load_cli_test_set(args, smallest.model.config), models, args.limit)
     input_size_check(models, test.images.shape[-1])
     angles = angle_range(args.max_angle, args.step)
     ranges = AffineRanges()

@@ -9,9 +9,8 @@ import torch
 
 from capsnet.classes import class_names, label_of
 from capsnet.cli.args import add_data_args, add_model_args, load_cli_model, load_cli_test_set
-from capsnet.cli.predict import STDIN, STDIN_NAME, expand_inputs, read_source
+from capsnet.cli.predict import expand_inputs, read_named, shown_name
 from capsnet.data.image_dataset import display_images
-from capsnet.preprocess import PreprocessError
 from capsnet.routing_trace import RoutingTrace, routing_trace
 
 
@@ -71,8 +70,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 def draw(trace: RoutingTrace, images: np.ndarray, scores: np.ndarray, titles: list[str],
          wrong: list[bool], names: list[str], out: str) -> Path:
-    """The trace's figure: maps on the children's grid, or per capsule type where that grid
-    is a single cell."""
+    """The trace's figure: maps on the children's grid, or per capsule type for a 1x1 grid."""
     from capsnet.figures import routing_figure, routing_types_figure
 
     shared = dict(wrong=wrong, class_names=names, symbol=trace.coupling_symbol,
@@ -87,8 +85,7 @@ def draw(trace: RoutingTrace, images: np.ndarray, scores: np.ndarray, titles: li
 
 
 def test_images(args: argparse.Namespace, config) -> tuple[np.ndarray, list[str], list[int]]:
-    """The --index test images (K, H, W) or (K, C, H, W) uint8 as the model sees them,
-    title stems and labels."""
+    """The --index test images (K, [C,] H, W) uint8, title stems and labels."""
     test = load_cli_test_set(args, config)
     bad = [i for i in args.index if not 0 <= i < len(test)]
     if bad:
@@ -102,14 +99,7 @@ def test_images(args: argparse.Namespace, config) -> tuple[np.ndarray, list[str]
 
 
 def own_images(names: list[str], config) -> tuple[np.ndarray, list[str], list[None]]:
-    """The user's images prepared for the model (K, C, H, W) uint8 and title stems; a file
-    that cannot be used stops the command with a one-line error naming it."""
-    images, titles = [], []
-    for name in expand_inputs(names):
-        shown = STDIN_NAME if name == STDIN else name
-        try:
-            images.append(read_source(name, config))  # (C, H, W)
-        except PreprocessError as exc:
-            raise PreprocessError(f"{shown}: {exc}") from None
-        titles.append(f"{Path(shown).name}: ")
-    return np.stack(images), titles, [None] * len(images)
+    """Your images prepared for the model (K, C, H, W) uint8 and title stems."""
+    sources = expand_inputs(names)
+    images = np.stack([read_named(name, config) for name in sources])  # (K, C, H, W)
+    return images, [f"{Path(shown_name(name)).name}: " for name in sources], [None] * len(images)

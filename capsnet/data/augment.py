@@ -7,11 +7,8 @@ import torch.nn.functional as F
 
 def random_shift(images: torch.Tensor, max_shift: int,
                  generator: torch.Generator | None = None) -> torch.Tensor:
-    """Shift each image by up to ``max_shift`` pixels in x and y, filling with zeros.
-
-    images: (B, C, H, W) -> (B, C, H, W). One gather for the whole batch, no Python loop.
-    Offsets are drawn uniformly from [-max_shift, max_shift] independently per image and axis.
-    """
+    """Each image (B, C, H, W) shifted by up to ``max_shift`` pixels in x and y (uniform,
+    independent), zero fill, by one gather."""
     if max_shift <= 0:
         return images
     padded = F.pad(images, (max_shift,) * 4)  # (B, C, H + 2s, W + 2s)
@@ -20,11 +17,8 @@ def random_shift(images: torch.Tensor, max_shift: int,
 
 def random_crop(images: torch.Tensor, size: int, generator: torch.Generator | None = None,
                 width: int | None = None) -> torch.Tensor:
-    """A ``size`` x ``width`` (default square) window of each image at a random place.
-
-    images: (B, C, H, W) -> (B, C, size, width). One gather for the whole batch; the top-left
-    corners are uniform over the positions that keep the window inside the image.
-    """
+    """A ``size`` x ``width`` (default square) window of each image (B, C, H, W) at a uniform
+    place -> (B, C, size, width), by one gather."""
     B, C, H, W = images.shape
     width = size if width is None else width
     if size > H or width > W:

@@ -1,22 +1,11 @@
 """Efficient-CapsNet's MNIST training augmentation, batched on the training device.
 
-As the authors' public code applies it (EscVM/Efficient-CapsNet, utils/pre_process_mnist.py,
-commit d058a28; ``generate_tf_data``, lines 113-122), to every training image, afresh each
-epoch, in this order:
-
-1. :func:`random_rotate` (lines 63-77): half of the time, by ``int(30 r)`` whole degrees,
-   r ~ N(0, 0.33) clipped to +-0.9999 (so -29..29 degrees), about the point (W/2, H/2);
-2. :func:`random_margin_shift` (lines 31-61): by a fraction |N(0, 0.33)| of the empty
-   margin on a side chosen by a coin, in x and in y, so that no ink leaves the image;
-3. :func:`random_squeeze` (lines 93-108): the width resized to W - w with w = 1..7
-   (Lanczos-3, antialiased), the rest zero;
-4. :func:`random_erase` (lines 79-90): a 4x4 patch set to zero.
-
-Each step is one set of tensor operations over the batch (B, C, H, W), with no loop over the
-images; the random numbers come from ``generator``, so a seeded generator gives the same
-images. The channels of an image move together. The public code's random numbers come from
-TensorFlow's generator, so the draws differ; their distributions are theirs.
-"""
+As the authors' code applies it (EscVM/Efficient-CapsNet, utils/pre_process_mnist.py), to
+every training image each epoch, in this order: :func:`random_rotate`, half of the time, by
+-29..29 whole degrees; :func:`random_margin_shift` into the empty margins; :func:`random_squeeze`
+of the width by 1..7 columns (Lanczos-3); :func:`random_erase` of a 4x4 patch. Each step is
+one set of tensor operations over the batch (B, C, H, W); the random numbers come from
+``generator``."""
 from __future__ import annotations
 
 import math
@@ -50,8 +39,7 @@ def half_normal(shape: tuple[int, ...], generator: torch.Generator | None,
 
 
 def gather_pixels(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """images[b, :, rows[b, i, j], cols[b, i, j]] with zeros where (row, col) is outside.
-
+    """images[b, :, rows[b, i, j], cols[b, i, j]], zero outside.
     images (B, C, H, W); rows, cols (B, H', W') long -> (B, C, H', W')."""
     B, C, H, W = images.shape
     inside = (rows >= 0) & (rows < H) & (cols >= 0) & (cols < W)  # (B, H', W')
@@ -63,13 +51,8 @@ def gather_pixels(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) 
 # --- 1. rotation -----------------------------------------------------------------------------
 
 def rotate(images: torch.Tensor, degrees: torch.Tensor) -> torch.Tensor:
-    """Each image turned counter-clockwise (as displayed) by its ``degrees``, as OpenCV's
-    ``warpAffine(image, getRotationMatrix2D((W/2, H/2), degrees, 1), (W, H))`` does it:
-    about the point (W/2, H/2) in pixel-index coordinates (half a pixel right of and below
-    the image's centre), bilinear, zero outside, the source coordinates in OpenCV's fixed
-    point (float64 as there; float32 on devices without it). On MNIST digits this equals
-    OpenCV 4.5's output to the bit (tests/test_efficient_recipe.py).
-
+    """Each image turned counter-clockwise by its ``degrees`` about (W/2, H/2), bilinear,
+    zero outside, as OpenCV's warpAffine does it (bit-identical on MNIST digits).
     images (B, C, H, W) float; degrees (B,) -> (B, C, H, W)."""
     B, C, H, W = images.shape
     device = images.device
@@ -92,10 +75,8 @@ def rotate(images: torch.Tensor, degrees: torch.Tensor) -> torch.Tensor:
 
 def opencv_subpixel(per_col: torch.Tensor,
                     per_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A source coordinate as OpenCV's warpAffine computes it: the column's and the row's
-    parts each rounded to 1/1024 pixel, their sum rounded to 1/32 pixel; returned as the
-    whole pixel and the fraction (a multiple of 1/32).
-    per_col (B, W), per_row (B, H) float -> (B, H, W) long and (B, H, W) float32."""
+    """A source coordinate as OpenCV's warpAffine rounds it (1/1024, then 1/32 pixel).
+    per_col (B, W), per_row (B, H) float -> (B, H, W) long whole pixels, (B, H, W) fractions."""
     fixed = ((per_col * FIXED_POINT).round()[:, None, :]
              + (per_row * FIXED_POINT).round()[:, :, None]).long()  # (B, H, W), 1/1024 pixel
     step = FIXED_POINT // SUBPIXEL
@@ -106,16 +87,14 @@ def opencv_subpixel(per_col: torch.Tensor,
 
 def rotation_draws(batch: int, generator: torch.Generator | None,
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole degrees int(30 r), r ~ N(0, 0.33) clipped to +-0.9999 (truncated toward zero,
-    so -29..29), and whether each image is turned: a second draw <= 0, half of the time
-    (``tf.cond(rand_amts[1] > 0, image, rotated)``). Returns (B,) float32 and (B,) bool."""
+    """Whole degrees int(30 r), r ~ N(0, 0.33) clipped to +-0.9999, and whether each image
+    is turned (half of the time). Returns (B,) float32 and (B,) bool."""
     r = clipped_normal((batch, 2), generator, device)  # (B, 2)
     return (r[:, 0] * MAX_DEGREES).trunc(), r[:, 1] <= 0
 
 
 def random_rotate(images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Half of the images turned by int(30 r) degrees (:func:`rotation_draws`), the others
-    as they were. (B, C, H, W) -> (B, C, H, W)."""
+    """Half of the images turned by :func:`rotation_draws`. (B, C, H, W) -> (B, C, H, W)."""
     degrees, turned = rotation_draws(images.shape[0], generator, images.device)
     return torch.where(turned[:, None, None, None], rotate(images, degrees), images)
 
@@ -123,8 +102,7 @@ def random_rotate(images: torch.Tensor, generator: torch.Generator | None = None
 # --- 2. shift into the free margins ----------------------------------------------------------
 
 def margins(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The empty columns left and right of the ink and the empty rows above and below it
-    (ink: a column or row whose sum over the image is > 0); 0 for a blank image.
+    """Empty columns left and right of the ink, empty rows above and below (0 if blank).
     images (B, C, H, W) -> left, right, top, bottom, each (B,) long."""
     cols = (images.sum(dim=(1, 2)) > 0).int()  # (B, W)
     rows = (images.sum(dim=(1, 3)) > 0).int()  # (B, H)
@@ -134,17 +112,15 @@ def margins(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def margin_shift(before: torch.Tensor, after: torch.Tensor, fraction: torch.Tensor,
                  forward: torch.Tensor) -> torch.Tensor:
-    """Pixels to move along one axis: floor(-fraction x before) (toward the start) or, where
-    ``forward``, floor(fraction x (1 + after)); with fraction < 1 the ink stays inside.
-    before, after (B,) margins; fraction (B,) in [0, 1); forward (B,) bool -> (B,) long."""
+    """Pixels to move along one axis, toward the start or (``forward``) the end, within
+    the margin. before, after (B,); fraction (B,) in [0, 1); forward (B,) bool -> (B,) long."""
     back = torch.floor(-fraction * before)  # (B,)
     ahead = torch.floor(fraction * (1 + after))  # (B,)
     return torch.where(forward, ahead, back).long()
 
 
 def roll(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
-    """Each image rolled down by dy and right by dx pixels, what leaves one side coming back
-    on the other (tf.roll); moved within its margins, only empty rows and columns wrap.
+    """Each image rolled down by dy and right by dx (tf.roll).
     images (B, C, H, W); dy, dx (B,) long -> (B, C, H, W)."""
     B, C, H, W = images.shape
     device = images.device
@@ -157,8 +133,7 @@ def roll(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tens
 def random_margin_shift(images: torch.Tensor,
                         generator: torch.Generator | None = None) -> torch.Tensor:
     """Each image moved in x and y by a fraction min(|N(0, 0.33)|, 0.9999) of its free
-    margin on a side chosen with probability 1/2 (:func:`margin_shift`), so that all ink
-    stays inside. (B, C, H, W) -> (B, C, H, W)."""
+    margin on a random side. (B, C, H, W) -> (B, C, H, W)."""
     B, device = images.shape[0], images.device
     left, right, top, bottom = margins(images)
     forward = torch.rand((B, 2), generator=generator, device=device) >= 0.5  # floor(2u) == 1
@@ -171,8 +146,7 @@ def random_margin_shift(images: torch.Tensor,
 # --- 3. horizontal squeeze -------------------------------------------------------------------
 
 def lanczos3(x: torch.Tensor) -> torch.Tensor:
-    """TensorFlow's Lanczos-3 kernel: 3 sin(pi x) sin(pi x / 3) / (pi x)^2 for |x| <= 3,
-    1 for |x| <= 1e-3, 0 beyond 3."""
+    """TensorFlow's Lanczos-3 kernel: 3 sin(pi x) sin(pi x / 3) / (pi x)^2 within 3, else 0."""
     x = x.abs()
     safe = x.clamp_min(1e-3)
     value = (LANCZOS_RADIUS * torch.sin(math.pi * safe) * torch.sin(math.pi * safe / LANCZOS_RADIUS)
@@ -181,11 +155,8 @@ def lanczos3(x: torch.Tensor) -> torch.Tensor:
 
 
 def squeeze_weights(size: int, cut: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
-    """Per image, the (size, size) matrix taking a row of ``size`` pixels to the row resized
-    to size - cut pixels (TensorFlow's scale_and_translate, antialiased Lanczos-3: output
-    pixel j samples the input at (j + 0.5) x size / (size - cut) with the kernel widened by
-    that factor, over the input pixels within 3 widths, its weights summing to 1) placed
-    at column cut // 2 + extra, zero elsewhere.
+    """Per image, the (size, size) matrix resizing a row to size - cut pixels (TensorFlow's
+    antialiased Lanczos-3 scale_and_translate) placed from column cut // 2 + extra.
     cut, extra (B,) long -> (B, size, size), [b, output column, input column]."""
     device = cut.device
     out_size = (size - cut).float()[:, None, None]  # (B, 1, 1)
@@ -204,9 +175,7 @@ def squeeze_weights(size: int, cut: torch.Tensor, extra: torch.Tensor) -> torch.
 
 
 def squeeze(images: torch.Tensor, cut: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
-    """Each image's width resized to W - cut (:func:`squeeze_weights`), placed from column
-    cut // 2 + extra on a zero background; the height is kept (TensorFlow resizes it by a
-    factor 1: weights within 1e-7 of the identity, taken as the identity here).
+    """Each image's width resized to W - cut, placed from column cut // 2 + extra on zeros.
     images (B, C, H, W); cut, extra (B,) long -> (B, C, H, W)."""
     weights = squeeze_weights(images.shape[-1], cut.to(images.device), extra.to(images.device))
     return torch.einsum("bchs,bjs->bchj", images, weights.to(images.dtype))  # (B, C, H, W)
@@ -214,8 +183,8 @@ def squeeze(images: torch.Tensor, cut: torch.Tensor, extra: torch.Tensor) -> tor
 
 def random_squeeze(images: torch.Tensor,
                    generator: torch.Generator | None = None) -> torch.Tensor:
-    """Each image squeezed by cut = floor(W/4 r + 1) columns (1..7 for MNIST) and placed at
-    cut // 2 + floor(2 r'), r, r' ~ min(|N(0, 0.33)|, 0.9999). (B, C, H, W) -> same."""
+    """Each image squeezed by floor(W/4 r + 1) columns at cut // 2 + floor(2 r').
+    (B, C, H, W) -> (B, C, H, W)."""
     B, W = images.shape[0], images.shape[-1]
     r = half_normal((B, 2), generator, images.device)  # (B, 2)
     cut = torch.floor(r[:, 0] * (W / SQUEEZE_FRACTION) + 1).long()  # (B,)
@@ -227,8 +196,8 @@ def random_squeeze(images: torch.Tensor,
 
 def erase(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor,
           size: int = ERASE_SIZE) -> torch.Tensor:
-    """Each image with the ``size`` x ``size`` patch from row ``top``, column ``left`` set
-    to zero. images (B, C, H, W); top, left (B,) long -> (B, C, H, W)."""
+    """The ``size`` x ``size`` patch at (``top``, ``left``) set to zero.
+    images (B, C, H, W); top, left (B,) long -> (B, C, H, W)."""
     H, W = images.shape[-2:]
     device = images.device
     rows = torch.arange(H, device=device) - top[:, None]  # (B, H)
@@ -241,9 +210,7 @@ def erase(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor,
 def random_erase(images: torch.Tensor, generator: torch.Generator | None = None,
                  size: int = ERASE_SIZE, first: int = ERASE_FIRST,
                  places: int = ERASE_PLACES) -> torch.Tensor:
-    """Each image with a ``size`` x ``size`` patch zeroed, its top-left corner at row and
-    column floor(places u) + first, u ~ U(0, 1) (4..22 for the defaults, the public code's
-    for 28x28). (B, C, H, W) -> (B, C, H, W)."""
+    """A ``size`` x ``size`` patch zeroed at a uniform place. (B, C, H, W) -> (B, C, H, W)."""
     B, C, H, W = images.shape
     if first + places - 1 + size > min(H, W):
         raise ValueError(f"a {size}x{size} patch from {first}..{first + places - 1} does not "
@@ -255,8 +222,7 @@ def random_erase(images: torch.Tensor, generator: torch.Generator | None = None,
 
 def efficient_augment(images: torch.Tensor,
                       generator: torch.Generator | None = None) -> torch.Tensor:
-    """Efficient-CapsNet's training augmentation of a float batch: rotation, shift into
-    the margins, squeeze, erasing, in their code's order. (B, C, H, W) -> (B, C, H, W)."""
+    """Rotation, margin shift, squeeze, erasing, in the authors' order. (B, C, H, W) -> same."""
     x = random_rotate(images, generator)
     x = random_margin_shift(x, generator)
     x = random_squeeze(x, generator)

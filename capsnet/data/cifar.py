@@ -1,11 +1,7 @@
-"""CIFAR-10, binary version: six batch files of fixed-size records, never unpickled.
-
-Each record of ``data_batch_1.bin`` .. ``data_batch_5.bin`` (train) and ``test_batch.bin``
-is 1 label byte followed by 3072 pixel bytes: a 32x32 image, channel-major (the red
-plane, then green, then blue, each row by row). The files are looked for in a directory
-or its ``cifar-10-batches-bin/`` subfolder (the archive's layout); when missing, the
-official archive is downloaded, verified and safely extracted into the cache.
-"""
+"""CIFAR-10, binary version: six batch files of records (1 label byte, 3072 pixel bytes,
+channel-major 32x32), never unpickled. Looked for in a directory or its
+``cifar-10-batches-bin/``; else the official archive is downloaded, verified and its
+batch files extracted into the cache."""
 
 from __future__ import annotations
 
@@ -51,11 +47,8 @@ ARCHIVE_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)
 
 
 def read_cifar_batch(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """One batch file -> images (N, 3, 32, 32) uint8 and labels (N,) uint8.
-
-    Raises DatasetFileError naming the file when it is missing, empty, not a whole
-    number of records, or has a label outside 0..9.
-    """
+    """One batch file -> images (N, 3, 32, 32) uint8 and labels (N,) uint8; DatasetFileError
+    naming the file when it is missing, not whole records, or has a label outside 0..9."""
     try:
         raw = np.fromfile(path, dtype=np.uint8)  # (N * 3073,)
     except OSError as err:
@@ -83,12 +76,7 @@ def find_batches(directory: Path) -> Path | None:
 
 
 def locate_cifar10(data_dir: str | os.PathLike | None = None, download: bool = True) -> Path:
-    """The directory holding the six batch files; downloads into the cache when missing.
-
-    Looks in data_dir, data_dir/cifar10, $CAPSNET_DATA_DIR, $CAPSNET_DATA_DIR/cifar10 and
-    the cache dir (each also with ``cifar-10-batches-bin/``). Raises DataNotFoundError
-    when nothing is found and the download is disabled or fails.
-    """
+    """The directory holding the six batch files (see :func:`locate_files`); downloads them."""
     return locate_files(NAME, find_batches, download_cifar10,
                         needed=f"the six files {', '.join(ALL_FILES)} (or a {BATCH_DIR} folder)",
                         data_dir=data_dir, download=download)
@@ -109,8 +97,8 @@ def load_cifar10(split: str, data_dir: str | os.PathLike | None = None,
 
 
 def check_archive(path: Path) -> None:
-    """Raise ValueError unless the tar.gz is readable, has no member with an absolute path
-    or a ``..`` part, and holds every batch file as a regular file (no link)."""
+    """Raise ValueError unless the tar.gz is readable, has no absolute or '..' member, and
+    holds every batch file as a regular file."""
     try:
         with tarfile.open(path, "r:gz") as tar:
             members = {member.name: member for member in tar.getmembers()}
@@ -128,11 +116,8 @@ def check_archive(path: Path) -> None:
 
 
 def extract_batches(archive: Path, dest_dir: Path) -> Path:
-    """Copy the six batch files out of a checked archive into ``dest_dir/cifar-10-batches-bin``.
-
-    Only those members are read, by name, and written to paths chosen here (never
-    ``tar.extract``); each appears atomically through a temporary file and a rename.
-    """
+    """Copy the six batch files, by name, out of a checked archive into
+    ``dest_dir/cifar-10-batches-bin``, each atomically (never ``tar.extract``)."""
     out_dir = dest_dir / BATCH_DIR
     with tarfile.open(archive, "r:gz") as tar:
         for name in ALL_FILES:
@@ -145,12 +130,8 @@ def extract_batches(archive: Path, dest_dir: Path) -> Path:
 def download_cifar10(dest_dir: str | os.PathLike, archive: RemoteFile | None = None,
                      timeout: float = DOWNLOAD_TIMEOUT_S,
                      progress: ProgressFn | None = None) -> Path:
-    """Download the archive (default ARCHIVE), verify its MD5 and members, extract the six
-    batch files into ``dest_dir/cifar-10-batches-bin`` and delete the archive.
-
-    Returns the batch directory. Raises DataNotFoundError when no URL gives a verified,
-    safe archive.
-    """
+    """Download and verify the archive, extract the batch files, delete the archive; returns
+    the batch directory."""
     dest_dir = Path(dest_dir)
     path = download_file(archive or ARCHIVE, dest_dir, check=check_archive, timeout=timeout,
                          progress=progress)

@@ -27,12 +27,8 @@ def _load_cifar10(split: str, data_dir, download: bool, verify: bool) -> ImageDa
     return load_cifar10(split, data_dir, download)  # no per-file checksums to verify
 
 
-def _load_svhn(split: str, data_dir, download: bool, verify: bool) -> ImageDataset:
-    return load_svhn(split, data_dir, download, verify)
-
-
 # name -> load(split, data_dir, download, verify), for the datasets that are not IDX files.
-READERS: dict[str, Callable[..., ImageDataset]] = {"cifar10": _load_cifar10, "svhn": _load_svhn}
+READERS: dict[str, Callable[..., ImageDataset]] = {"cifar10": _load_cifar10, "svhn": load_svhn}
 DATASET_NAMES = tuple(DATASETS) + tuple(READERS) + (FOLDER,)
 
 
@@ -69,14 +65,9 @@ def _no_folder_options(name: str, options: dict[str, Any]) -> None:
 
 def load_split(name: str, split: str, data_dir: str | os.PathLike | None = None,
                download: bool = True, verify: bool = False, **folder_options: Any) -> ImageDataset:
-    """Load the 'train' or 'test' split of a known dataset (DATASET_NAMES) as an ImageDataset.
-
-    IDX files are found by ``locate_dataset``. With ``verify``, each file's MD5 is
-    checked against the spec first where one is known (ChecksumError, a ValueError, on
-    mismatch). Raises IDXError naming the file when IDX files are malformed or do not
-    match. For "folder", ``data_dir`` is the root and ``folder_options`` go to
-    ``load_folder_dataset``.
-    """
+    """The 'train' or 'test' split of a known dataset (DATASET_NAMES). ``verify`` checks MD5s
+    first; malformed IDX files raise IDXError. For "folder", ``data_dir`` is the root and
+    ``folder_options`` go to ``load_folder_dataset``."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     key = name.lower()
@@ -102,12 +93,7 @@ def load_split(name: str, split: str, data_dir: str | os.PathLike | None = None,
 
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
                  download: bool = True, **folder_options: Any) -> tuple[ImageDataset, ImageDataset]:
-    """The (train, test) splits of a known dataset (DATASET_NAMES).
-
-    "folder" needs ``data_dir`` (its root) and takes ``folder_options`` (image_size,
-    channels, test_fraction, seed, skip_bad, cache_dir, progress; see
-    capsnet.data.folder.load_folder_dataset); it is decoded once for both splits.
-    """
+    """The (train, test) splits of a known dataset; a folder is decoded once for both."""
     if name.lower() == FOLDER:
         return _load_folder(data_dir, folder_options)
     _no_folder_options(name, folder_options)

@@ -1,19 +1,7 @@
-"""Image files -> uint8 arrays (C, H, W): upright, transparency flattened, optionally resized.
-
-Conventions, the same for every file:
-
-- EXIF orientation is applied (``PIL.ImageOps.exif_transpose``);
-- transparent pixels are composited onto black (BACKGROUND), so a fully transparent pixel
-  reads 0, as when a transparent (0, 0, 0, 0) pixel simply loses its alpha;
-- 16-bit grey (modes I;16 and I) is scaled to 0..255; palette, CMYK, YCbCr... become RGB;
-- grey means mode L (or 1), or RGB whose three channels are equal at every pixel;
-- resizing is Pillow's antialiased bilinear filter, to exactly (H, W), aspect not kept;
-- decompression bombs (more than ``PIL.Image.MAX_IMAGE_PIXELS`` pixels, Pillow's
-  warning as well as its error) are refused like any unreadable file.
-
-Every problem with a file raises :class:`BadImageError`, whose one-line message starts
-with the path and gives Pillow's reason.
-"""
+"""Image files -> uint8 arrays (C, H, W), the same conventions for every file: EXIF orientation
+applied; transparency onto black; 16-bit grey scaled to 0..255; grey is mode L or RGB with
+equal channels; resizing antialiased bilinear (aspect not kept); decompression bombs
+refused. Problems raise :class:`BadImageError`, one line starting with the path."""
 
 from __future__ import annotations
 
@@ -68,11 +56,7 @@ def flatten_image(image: Image.Image) -> Image.Image:
 
 
 def open_image(path: str | os.PathLike) -> Image.Image:
-    """Decode the whole file: upright, transparency flattened, mode L or RGB.
-
-    Raises BadImageError (missing, unreadable, not an image, truncated, corrupt, or a
-    decompression bomb).
-    """
+    """Decode the whole file: upright, transparency flattened, mode L or RGB; BadImageError."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
@@ -94,19 +78,14 @@ def open_image(path: str | os.PathLike) -> Image.Image:
 
 def decode_image_file(path: str | os.PathLike, size: tuple[int, int] | None = None,
                       channels: int | None = None) -> np.ndarray:
-    """One image file -> uint8 (C, H, W).
-
-    ``size`` (H, W) resizes to exactly that size. ``channels`` 1 converts to grey (luma),
-    3 to RGB; None gives (1, H, W) for a grey image and (3, H, W) for a colour one.
-    Raises BadImageError.
-    """
+    """One image file -> uint8 (C, H, W); ``size`` (H, W) resizes, ``channels`` 1 or 3 converts
+    (None: 1 for grey, 3 for colour). BadImageError."""
     return image_array(open_image(path), size, channels)
 
 
 def image_array(image: Image.Image, size: tuple[int, int] | None = None,
                 channels: int | None = None) -> np.ndarray:
-    """An image of mode L or RGB (see :func:`flatten_image`) -> uint8 (C, H, W), resized
-    and converted as :func:`decode_image_file` says."""
+    """An image of mode L or RGB -> uint8 (C, H, W), resized and converted."""
     if size is not None and image.size != (size[1], size[0]):
         image = image.resize((size[1], size[0]), RESAMPLE)  # Pillow sizes are (W, H)
     if channels == GREY and image.mode != "L":

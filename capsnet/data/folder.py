@@ -1,18 +1,11 @@
-"""Datasets from folders of image files, laid out like torchvision's ImageFolder.
+"""Datasets from folders of image files, laid out like torchvision's ImageFolder:
+``root/train/<class>/<images>`` and optionally ``root/test/<class>/<images>``.
 
-    root/train/<class>/<image files>
-    root/test/<class>/<image files>     (optional)
-
-Class names are the train folder's subfolder names, sorted; test uses the same list.
-Without ``root/test`` a seeded, class-stratified test split is carved out of train and
-recorded in ``info["test_split"]``. Files are decoded once (see capsnet.data.decode for
-the conventions: EXIF orientation, transparency onto black, grey detection, resizing) into
-uint8 arrays (N, C, H, W), cached by capsnet.data.folder_cache.
-
-Every problem with the layout or a file raises :class:`FolderDatasetError`, one line
-naming the file or folder. With ``skip_bad``, unreadable image files are skipped and listed
-in ``info["skipped"]`` instead; :func:`format_skipped_warning` words the warning.
-"""
+Classes are the train subfolders, sorted. Without ``root/test`` a seeded stratified test
+split is carved out of train (``info["test_split"]``). Files are decoded once
+(capsnet.data.decode) and cached (capsnet.data.folder_cache). Problems raise
+:class:`FolderDatasetError` naming the file; with ``skip_bad`` unreadable files are listed
+in ``info["skipped"]`` instead."""
 
 from __future__ import annotations
 
@@ -30,7 +23,7 @@ from capsnet.data.decode import IMAGE_EXTENSIONS, BadImageError, decode_image_fi
 from capsnet.data.folder_cache import cache_path, load_cached, save_cached
 from capsnet.data.image_dataset import ImageDataset
 from capsnet.data.sources import default_cache_dir
-from capsnet.data.splits import stratified_split
+from capsnet.data.splits import held_out
 
 NAME = "folder"
 TRAIN_DIR, TEST_DIR = "train", "test"
@@ -51,10 +44,8 @@ class FolderDatasetError(ValueError):
 
 @dataclass
 class FolderLayout:
-    """The image files found under ``root``, in order: class by class, names sorted.
-
-    ``test_files`` is None when there is no ``root/test`` folder.
-    """
+    """The image files under ``root``, class by class, names sorted; ``test_files`` None
+    without ``root/test``."""
 
     root: Path
     classes: tuple[str, ...]
@@ -95,8 +86,7 @@ def _images_in(folder: Path) -> list[Path]:
 
 def _scan_split(split_dir: Path, classes: tuple[str, ...] | None
                 ) -> tuple[tuple[str, ...], list[Path], list[int]]:
-    """Class names, files and labels under one split folder; ``classes`` (the train
-    folder's) fixes the labels for test, else the sorted subfolder names do."""
+    """Class names, files and labels of one split folder; ``classes`` (train's) fixes test's."""
     class_dirs = _subdirs(split_dir)
     if not class_dirs:
         raise FolderDatasetError(f"{split_dir}: no class folders: expected "
@@ -124,9 +114,7 @@ def _scan_split(split_dir: Path, classes: tuple[str, ...] | None
 
 
 def scan_folder(root: str | os.PathLike) -> FolderLayout:
-    """Find the classes and image files under ``root``; raises FolderDatasetError for a
-    missing root or train folder, no class folders or images, an empty class folder,
-    a single class, or a test class that train does not have."""
+    """The classes and image files under ``root``; FolderDatasetError for a bad layout."""
     root = Path(root).expanduser()
     if not root.is_dir():
         raise FolderDatasetError(f"{root}: dataset folder not found" if not root.exists()
@@ -148,10 +136,8 @@ def scan_folder(root: str | os.PathLike) -> FolderLayout:
 
 def _decode_all(layout: FolderLayout, image_size: int | None, channels: int | None,
                 skip_bad: bool, progress: bool) -> tuple[list[np.ndarray | None], dict[str, str]]:
-    """Each file decoded to (C, H, W) uint8, or None when skipped; and skipped path -> reason.
-
-    Without ``image_size`` every image must have the first one's size.
-    """
+    """Each file decoded to (C, H, W) uint8 or None when skipped, and skipped path -> reason;
+    without ``image_size`` all images must have the first one's size."""
     files = layout.all_files()
     size = None if image_size is None else (image_size, image_size)
     arrays: list[np.ndarray | None] = []
@@ -208,8 +194,7 @@ def _check_classes_left(layout: FolderLayout, labels: list[int], skipped: dict[s
 
 
 def training_order(n: int) -> torch.Tensor:
-    """The seeded order (n,) in which a folder's n images of a split are held: entry k is
-    the position, in the split's class-by-class listing, of the k-th image."""
+    """The seeded order (n,) in which a split's n images are held."""
     return torch.randperm(n, generator=torch.Generator().manual_seed(TRAIN_ORDER_SEED))
 
 
@@ -240,8 +225,7 @@ def _build(layout: FolderLayout, image_size: int | None, channels: int | None,
         train_images = torch.from_numpy(images[:len(train)])  # (N_train, C, H, W)
         train_labels = labels
     else:
-        test_size = min(max(1, round(test_fraction * len(train))), len(train) - 1)
-        train_index, test_index = stratified_split(labels, test_size, seed)
+        train_index, test_index = held_out(labels, test_fraction, seed)
         test_index = test_index[training_order(len(test_index))]  # mixed classes
         info["test_split"] = {"seed": seed, "fraction": test_fraction,
                               "files": [layout.relative(train[i][0]) for i in test_index.tolist()]}
@@ -275,21 +259,11 @@ def load_folder_dataset(root: str | os.PathLike, image_size: int | None = None,
                         progress: bool = True) -> tuple[ImageDataset, ImageDataset]:
     """The (train, test) datasets of an image folder: images (N, C, H, W) uint8.
 
-    image_size: resize every image to N x N; None keeps the size, which must then be
-        the same for all images (else FolderDatasetError naming two files).
-    channels: 1 (grey) or 3 (RGB) forces it; None gives 1 when every image is grey.
-    test_fraction, seed: the stratified test split made when there is no root/test.
-    skip_bad: skip unreadable image files (listed in ``info["skipped"]``) instead of
-        raising; empty class folders and a single class are errors all the same.
-    cache_dir: where the decoded arrays are cached (default <cache dir>/folders); a
-        second call with the same files and options reads them back without decoding.
-    progress: a progress bar while decoding more than PROGRESS_MIN_FILES files.
-
-    ``info`` (the same in both splits): "source" ("folder"), "root" (resolved path),
-    "channels", "image_size" [H, W], "skipped" {relative path: reason}, and, when the
-    test split was carved out of train, "test_split" {"seed", "fraction", "files": the
-    test images' paths relative to root, in the test set's order}.
-    """
+    image_size: resize to N x N (None: all images must share one size); channels: 1 or 3
+    (None: 1 when every image is grey); test_fraction, seed: the split made without
+    root/test; skip_bad: skip unreadable files; cache_dir: default <cache dir>/folders;
+    progress: a bar beyond PROGRESS_MIN_FILES files. ``info``: "source", "root",
+    "channels", "image_size", "skipped" and, for a carved split, "test_split"."""
     _check_options(image_size, channels, test_fraction)
     layout = scan_folder(root)
     options = {"image_size": image_size, "channels": channels, "skip_bad": skip_bad,
@@ -306,8 +280,7 @@ def load_folder_dataset(root: str | os.PathLike, image_size: int | None = None,
 
 
 def format_skipped_warning(info: dict[str, Any], limit: int = MAX_LISTED) -> str | None:
-    """One line warning about the files skipped as unreadable, or None when none were:
-    the count, the folder, and up to ``limit`` files with their reasons."""
+    """One line naming the skipped files (up to ``limit``), or None when none were."""
     skipped = info.get("skipped") or {}
     if not skipped:
         return None

@@ -1,12 +1,8 @@
-"""The decoded arrays of an image folder, cached as one .npz file per folder and options.
+"""The decoded arrays of an image folder, cached as ``<options hash>-<content hash>.npz``.
 
-A cache file is named ``<options hash>-<content hash>.npz``. The options hash covers the
-folder's resolved path and the decoding options; the content hash covers every image
-file's relative path, size and modification time, so touching, adding, removing or
-renaming a file gives a new name. Writing a new file removes the stale ones with the same
-options hash. Files are written atomically (temporary file, then rename) and read with
-``allow_pickle=False``; a file that cannot be read or does not check out is ignored.
-"""
+The options hash covers the folder's path and the decoding options, the content hash each
+file's relative path, size and mtime. Writing removes stale files of the same options;
+files are written atomically and read with ``allow_pickle=False``; bad ones are ignored."""
 
 from __future__ import annotations
 
@@ -40,16 +36,14 @@ def _digest(value: Any) -> str:
 
 def cache_path(cache_dir: Path, root: Path, options: Mapping[str, Any],
                files: Sequence[tuple[str, int, int]]) -> Path:
-    """The cache file for ``root`` decoded with ``options`` when its image files are
-    ``files``: (relative path, size in bytes, mtime in ns) each."""
+    """The cache file for ``root`` with ``options`` and ``files`` (path, size, mtime ns)."""
     options_hash = _digest({"version": CACHE_VERSION, "root": str(root.resolve()), **options})
     return cache_dir / f"{options_hash}-{_digest(sorted(files))}{SUFFIX}"
 
 
 def load_cached(path: Path, classes: tuple[str, ...],
                 name: str) -> tuple[ImageDataset, ImageDataset] | None:
-    """The (train, test) datasets stored at ``path``, or None when it is missing, damaged
-    or does not match (another key, other classes, bad shapes or labels)."""
+    """The (train, test) datasets at ``path``, or None when missing, damaged or not matching."""
     if not path.is_file():
         return None
     try:
@@ -74,9 +68,7 @@ def load_cached(path: Path, classes: tuple[str, ...],
 
 
 def save_cached(path: Path, train: ImageDataset, test: ImageDataset) -> bool:
-    """Write both splits to ``path`` atomically and remove stale files with the same
-    options hash. Returns False, leaving nothing behind, when the cache cannot be written
-    (the caller goes on with the data it has)."""
+    """Write both splits atomically, removing stale files; False when it cannot be written."""
     meta = {"key": path.stem, "classes": list(train.classes), "info": train.info}
     arrays = {"meta": np.array(json.dumps(meta))}
     for split, dataset in zip(SPLITS, (train, test), strict=True):

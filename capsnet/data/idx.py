@@ -1,13 +1,6 @@
-"""Reading and writing IDX files, the format of the MNIST and Fashion-MNIST files.
-
-An IDX file is a 4-byte magic number ``00 00 <type code> <ndim>``, then ``ndim``
-big-endian uint32 dimension sizes, then the payload: ``prod(dims)`` items of the
-type, big-endian, in C order. Files may be gzip-compressed; compression is
-recognised by its magic bytes, never by the file name.
-
-Every problem with a file (missing, unreadable, corrupt gzip, bad header, wrong
-payload size) raises :class:`IDXError`, whose one-line message starts with the path.
-"""
+"""Reading and writing IDX files (MNIST, Fashion-MNIST): magic ``00 00 <type> <ndim>``,
+big-endian uint32 sizes, then the big-endian payload in C order; raw or gzip (told by its
+magic bytes). Every problem raises :class:`IDXError`, one line starting with the path."""
 
 from __future__ import annotations
 
@@ -48,8 +41,7 @@ GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error, OSError)
 
 
 class DatasetFileError(ValueError):
-    """A dataset file that is missing, unreadable, malformed or does not match; the one-line
-    message starts with the path. Every reader's file errors are of this kind."""
+    """A dataset file that is missing, unreadable or malformed; the message starts with the path."""
 
     def __init__(self, path: PathLike, reason: str):
         super().__init__(f"{os.fspath(path)}: {reason}")
@@ -72,10 +64,7 @@ def is_gzip(path: PathLike) -> bool:
 
 
 def open_maybe_gzip(path: PathLike) -> BinaryIO:
-    """Open ``path`` for binary reading, decompressing it when it is gzip.
-
-    Raises IDXError when the file is missing or cannot be opened.
-    """
+    """Open ``path`` for binary reading, decompressed when gzip; IDXError when missing."""
     try:
         if is_gzip(path):
             return gzip.open(path, "rb")
@@ -142,12 +131,8 @@ def _read_payload(f: BinaryIO, path: PathLike, dtype: np.dtype,
 
 
 def read_idx(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
-    """Read an IDX file (raw or gzip) into a native-endian numpy array of shape ``dims``.
-
-    ``max_bytes`` bounds the payload the header may claim; a larger claim is refused
-    before anything is allocated. At most the claimed payload plus one byte is read.
-    Raises IDXError (a ValueError) for every problem, a missing file included.
-    """
+    """An IDX file (raw or gzip) -> a native-endian array of its dims; a header claiming more
+    than ``max_bytes`` is refused before allocating. IDXError for every problem."""
     with open_maybe_gzip(path) as f:
         try:
             dtype, shape = _read_header(f, path)
@@ -175,11 +160,7 @@ def _idx_header(array: np.ndarray) -> bytes:
 
 
 def write_idx(path: PathLike, array: np.ndarray) -> None:
-    """Write ``array`` as an IDX file, gzip-compressed when ``path`` ends in ``.gz``.
-
-    The file appears atomically: it is written to a temporary file in the same
-    directory and then renamed over ``path``.
-    """
+    """Write ``array`` as an IDX file, atomically, gzip when ``path`` ends in ``.gz``."""
     array = np.asarray(array)
     header = _idx_header(array)
     payload = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder(">")).tobytes()

@@ -1,6 +1,5 @@
-"""ImageDataset: uint8 images, grey or colour, with integer labels, held as tensors; a
-``torch.utils.data.Dataset`` of (image, label) pairs. :func:`as_image_dataset` makes one of
-your own tensors or of any map-style Dataset."""
+"""ImageDataset: uint8 images with integer labels, held as tensors, a torch Dataset of
+(image, label); :func:`as_image_dataset` makes one of your tensors or any Dataset."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from capsnet.data.splits import stratified_split
+from capsnet.data.splits import held_out
 
 PIXEL_MAX = 255  # uint8 images: 0 (black) .. PIXEL_MAX (white); model inputs are pixel / PIXEL_MAX
 GREY_NDIM = 3  # (N, H, W)
@@ -32,17 +31,9 @@ def to_model_input(images: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class ImageDataset(Dataset):
-    """Images with integer labels.
-
-    images: (N, H, W) uint8 grey, or (N, C, H, W) uint8 with C = 1 (grey) or 3 (RGB);
-    labels: (N,) int64 in range(len(classes)). ``name`` is the dataset's name, e.g.
-    "mnist" (the same for both splits). ``info`` holds provenance, e.g. a recorded
-    train/test split or the files skipped as unreadable (see capsnet.data.folder).
-
-    As a ``torch.utils.data.Dataset``, item i is (image (C, H, W) float32 in [0, 1] as the
-    models take it, label int): a ``DataLoader`` batches them to (B, C, H, W) and (B,).
-    Training in capsnet reads the uint8 tensors whole instead (faster on any device).
-    """
+    """Images (N, H, W) or (N, C, H, W) uint8, C = 1 or 3, with labels (N,) int64; ``name``
+    the dataset's name, ``info`` its provenance. Item i is (image (C, H, W) float32 in
+    [0, 1], label); training reads the uint8 tensors whole instead."""
 
     images: torch.Tensor
     labels: torch.Tensor
@@ -114,8 +105,7 @@ class ImageDataset(Dataset):
         return ImageDataset(images, self.labels, self.classes, self.name, dict(self.info))
 
     def with_channels(self, channels: int) -> ImageDataset:
-        """Grey images (N, H, W) as (N, 3, H, W) RGB (the grey level in every channel), or
-        RGB images as grey (ITU-R 601 luma, as Pillow converts); the same data otherwise."""
+        """Grey as RGB (the level in every channel) or RGB as grey (ITU-R 601 luma)."""
         if channels not in CHANNEL_COUNTS:
             raise ValueError(f"channels must be one of {CHANNEL_COUNTS}, got {channels}")
         if channels == self.channels:
@@ -130,8 +120,7 @@ class ImageDataset(Dataset):
 
 
 def display_images(images: torch.Tensor | np.ndarray) -> np.ndarray:
-    """uint8 images (N, H, W) or (N, C, H, W), C = 1 or 3 -> a numpy array in the display
-    layout that PIL, matplotlib and PNG files take: (N, H, W) grey or (N, H, W, 3) RGB."""
+    """uint8 images (N, [C,] H, W) -> numpy (N, H, W) grey or (N, H, W, 3) RGB."""
     array = images.cpu().numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
     if array.ndim == GREY_NDIM:
         return array
@@ -149,16 +138,11 @@ UINT8_LEVELS = 256
 
 def as_image_dataset(data: Any, name: str = OWN_DATA,
                      classes: Sequence[str] | None = None) -> ImageDataset:
-    """Your own data as an ImageDataset (one taken as it is): a tuple (images, labels) or
-    any map-style ``Dataset`` of (image, label) items (read once, item by item).
+    """Your data as an ImageDataset: (images, labels) or a map-style Dataset of (image, label).
 
-    images: tensors (N, H, W) or (N, C, H, W), C = 1 or 3, uint8 levels 0..255 or float in
-    [0, 1] (rounded to 8 bits: training holds images as uint8); items of a Dataset are
-    tensors (C, H, W) or (H, W), or PIL images / arrays (H, W) or (H, W, C), channels
-    last as PIL gives them. labels: class indices 0..K-1. ``classes`` names the K classes
-    (default: the Dataset's ``classes`` attribute, else "0", "1", ...). A ValueError in one
-    line says what is wrong.
-    """
+    images: (N, [C,] H, W) uint8 or float in [0, 1] (rounded to 8 bits); Dataset items:
+    tensors (C, H, W) or (H, W), or PIL images / arrays (H, W[, C]). ``classes`` names the
+    classes (default: the Dataset's ``classes``, else "0", "1", ...)."""
     if isinstance(data, ImageDataset):
         return data
     if isinstance(data, tuple) and len(data) == 2:
@@ -201,8 +185,7 @@ def uint8_images(images: torch.Tensor) -> torch.Tensor:
 
 
 def _channels_first(image: Any) -> torch.Tensor:
-    """One Dataset item's image: a tensor (C, H, W) or (H, W) as it is; a PIL image or
-    array (H, W) or (H, W, C) moved to (C, H, W)."""
+    """One Dataset item's image as a tensor (C, H, W) (or (H, W) as it is)."""
     if isinstance(image, torch.Tensor):
         return image
     array = np.array(image.convert("RGB") if isinstance(image, Image.Image)
@@ -213,10 +196,8 @@ def _channels_first(image: Any) -> torch.Tensor:
 
 def held_out_split(dataset: ImageDataset, fraction: float, seed: int = 0
                    ) -> tuple[ImageDataset, ImageDataset]:
-    """(the rest, a stratified ``fraction`` of ``dataset``): a test set for data that has
-    none, the same for every run with ``seed``."""
-    held = min(max(1, round(fraction * len(dataset))), len(dataset) - 1)
-    kept, taken = stratified_split(dataset.labels, held, seed)
+    """(the rest, a stratified ``fraction``), the same for every run with ``seed``."""
+    kept, taken = held_out(dataset.labels, fraction, seed)
     split = dataclasses.replace(dataset, info={**dataset.info, "test_split": {
         "seed": seed, "fraction": fraction, "indices": taken.tolist()}})
     return split.subset(kept), split.subset(taken)

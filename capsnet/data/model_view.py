@@ -1,16 +1,6 @@
-"""A dataset as a trained model sees it: the test split at the model's channels and size.
-
-`capsnet evaluate`, `reconstruct`, `manipulate`, `routing --index` and `robustness` all
-take their test images from :func:`load_test_set`, so they see what the training run
-tested on:
-
-- the dataset is the model's own (``config.dataset``) unless another is named; an image
-  folder is read again from its root (its test/ folder, or the same seeded split);
-- the images get the model's channels (grey as RGB, or RGB as luma) and its size: a
-  folder is decoded at that size, other datasets are resized (antialiased bilinear);
-  digits for a digit model with a larger canvas (affNIST, MultiMNIST) are centred on it;
-- a model trained on crops (``config.uncropped_size``) sees the centre crop, as in training.
-"""
+"""A dataset as a trained model sees it: the test split at the model's channels and size
+(digits centred on a larger canvas, others resized), centre-cropped for a model trained on
+crops. evaluate, reconstruct, manipulate, routing and robustness read it from here."""
 from __future__ import annotations
 
 import os
@@ -26,8 +16,7 @@ from capsnet.data.transforms import place_on_canvas
 
 
 def fit_to_model(data: ImageDataset, config) -> ImageDataset:
-    """``data`` at the channels and input size of the model with ``config`` (see the
-    module docstring); the same dataset when it already fits."""
+    """``data`` at the channels and input size of the model with ``config``."""
     data = data.with_channels(config.in_channels)
     side = config.uncropped_size or config.image_size
     height, _ = data.image_size
@@ -49,9 +38,8 @@ def _with_images(data: ImageDataset, images: torch.Tensor) -> ImageDataset:
 def load_test_set(config, dataset: str | None = None,
                   data_dir: str | os.PathLike | None = None, download: bool = True,
                   skip_bad: bool = False, progress: bool = True) -> ImageDataset:
-    """The test split of ``dataset`` (default: the model's own) as the model with
-    ``config`` sees it. For a folder, ``data_dir`` is its root and ``skip_bad`` skips
-    unreadable files. Raises ValueError when the dataset's classes are not the model's."""
+    """The test split of ``dataset`` (default: the model's own) as the model sees it;
+    ValueError when its classes are not the model's."""
     name = (dataset or config.dataset).lower()
     side = config.uncropped_size or config.image_size
     if name == FOLDER:
@@ -64,8 +52,7 @@ def load_test_set(config, dataset: str | None = None,
 
 
 def _check_classes(test: ImageDataset, config, name: str) -> None:
-    """Raise ValueError unless the test set has the model's classes (by name when the
-    model records names)."""
+    """ValueError unless the test set has the model's classes (by name when recorded)."""
     if test.num_classes != config.num_classes:
         raise ValueError(f"the {name} test set has {test.num_classes} classes but the model "
                          f"has {config.num_classes} (trained on {config.dataset}); pass its "

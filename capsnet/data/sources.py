@@ -1,10 +1,8 @@
-"""Where the dataset files come from: known datasets, local lookup, verified download.
+"""Where dataset files come from: known datasets, local lookup, verified download.
 
-An IDX dataset (MNIST, Fashion-MNIST) is four IDX files (train/test images and labels).
-Each may be stored raw (``train-images-idx3-ubyte``) or gzip-compressed
-(``train-images-idx3-ubyte.gz``); their checksums are of the decompressed content, so both
-forms verify alike. Other readers (capsnet.data.cifar, capsnet.data.svhn) share the lookup
-(:func:`locate_files`) and the one download loop (:func:`download_verified`).
+An IDX dataset (MNIST, Fashion-MNIST) is four IDX files, each raw or .gz; their checksums
+are of the decompressed content. cifar.py and svhn.py share :func:`locate_files` and
+:func:`download_file`.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ Found = TypeVar("Found")
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One file to download: its name on disk, URLs tried in order, and the MD5 of its
-    bytes as stored (not decompressed), or None for 'not verified'."""
+    """A file to download: name on disk, URLs tried in order, MD5 as stored (None: unchecked)."""
 
     name: str
     urls: tuple[str, ...]
@@ -47,12 +44,8 @@ class RemoteFile:
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """A dataset of four IDX files and where to find or fetch them.
-
-    ``files`` maps each of FILE_KEYS to ``(file name without .gz, md5 of the
-    decompressed content or None for 'not verified')``. Files are fetched from
-    ``<mirror>/<file name>.gz``, mirrors tried in order.
-    """
+    """Four IDX files: ``files`` maps FILE_KEYS to (name without .gz, decompressed MD5 or
+    None); each is fetched from ``<mirror>/<name>.gz``, mirrors in order."""
 
     name: str
     files: Mapping[str, tuple[str, str | None]]
@@ -125,12 +118,14 @@ def default_cache_dir() -> Path:
 
 
 def file_md5(path: str | os.PathLike, decompress: bool = True) -> str:
-    """Hex MD5 of the file's content, read in chunks: decompressed when it is gzip (the
-    default), or the bytes as stored with ``decompress=False``.
+    """Hex MD5 of the content (decompressed if gzip, unless ``decompress=False``)."""
+    return file_digest(path, "md5", decompress)
 
-    Raises IDXError when the file is missing or its gzip stream is corrupt.
-    """
-    digest = hashlib.md5()
+
+def file_digest(path: str | os.PathLike, algorithm: str, decompress: bool = True) -> str:
+    """Hex ``hashlib`` digest of the content, read in chunks (decompressed if gzip, unless
+    ``decompress=False``); IDXError when the file is missing or its gzip stream corrupt."""
+    digest = hashlib.new(algorithm)
     try:
         opened = open_maybe_gzip(path) if decompress else open(path, "rb")
     except OSError as err:  # open_maybe_gzip raises IDXError itself
@@ -171,10 +166,8 @@ def find_files(directory: Path, spec: DatasetSpec) -> dict[str, Path] | None:
 
 
 def holds_another_dataset(found: dict[str, Path], spec: DatasetSpec) -> bool:
-    """True when the test labels are those of another known dataset: MNIST and
-    Fashion-MNIST share their file names, so one directory (e.g. $CAPSNET_DATA_DIR) holding
-    MNIST must not be read as Fashion-MNIST. The test labels are 10 KB: checking them costs
-    nothing; files of unknown content (a variant of the user's) are taken as before."""
+    """True when the test labels are another known dataset's (MNIST and Fashion-MNIST share
+    file names); files of unknown content are accepted."""
     try:
         md5 = file_md5(found["test_labels"])
     except IDXError:
@@ -185,11 +178,7 @@ def holds_another_dataset(found: dict[str, Path], spec: DatasetSpec) -> bool:
 
 def dataset_dirs(name: str, data_dir: str | os.PathLike | None = None,
                  system_dirs: Sequence[str] = ()) -> list[Path]:
-    """Directories looked at, in order: data_dir, $CAPSNET_DATA_DIR, the cache, system dirs.
-
-    Each of the first two is tried as given and with ``/<name>`` appended; the cache
-    directory is ``default_cache_dir() / name``.
-    """
+    """data_dir and $CAPSNET_DATA_DIR (each also with ``/<name>``), the cache, system dirs."""
     dirs = []
     for base in (data_dir, os.environ.get(DATA_DIR_ENV) or None):
         if base is not None:
@@ -198,11 +187,6 @@ def dataset_dirs(name: str, data_dir: str | os.PathLike | None = None,
     dirs.append(default_cache_dir() / name)
     dirs += [Path(d) for d in system_dirs]
     return dirs
-
-
-def search_dirs(spec: DatasetSpec, data_dir: str | os.PathLike | None = None) -> list[Path]:
-    """The directories ``locate_dataset`` looks at for ``spec``, in order (see dataset_dirs)."""
-    return dataset_dirs(spec.name, data_dir, spec.system_dirs)
 
 
 def not_found_message(name: str, needed: str, searched: list[Path], download_note: str) -> str:
@@ -217,12 +201,8 @@ def locate_files(name: str, find: Callable[[Path], Found | None],
                  fetch: Callable[[Path], Found], needed: str,
                  data_dir: str | os.PathLike | None = None, download: bool = True,
                  system_dirs: Sequence[str] = ()) -> Found:
-    """What ``find(directory)`` returns for the first directory of ``dataset_dirs`` where it
-    is not None; else, with ``download``, ``fetch(default_cache_dir() / name)``.
-
-    ``needed`` says which files, for the message. Raises DataNotFoundError when nothing
-    is found and the download is disabled or fails (DataNotFoundError or OSError).
-    """
+    """The first non-None ``find(directory)`` over ``dataset_dirs``, else (with ``download``)
+    ``fetch(cache dir / name)``; DataNotFoundError naming ``needed`` when both fail."""
     searched = dataset_dirs(name, data_dir, system_dirs)
     for directory in searched:
         found = find(directory)
@@ -239,12 +219,7 @@ def locate_files(name: str, find: Callable[[Path], Found | None],
 
 def locate_dataset(name: str | DatasetSpec, data_dir: str | os.PathLike | None = None,
                    download: bool = True) -> dict[str, Path]:
-    """Paths of the four files, keyed by FILE_KEYS; downloads into the cache when missing.
-
-    Looks in ``search_dirs`` order; a directory counts only when it holds all four.
-    Raises ValueError for an unknown name, DataNotFoundError when nothing is found and
-    the download is disabled or fails.
-    """
+    """Paths of the four files by FILE_KEYS, from one directory; downloads when missing."""
     spec = get_spec(name)
     return locate_files(spec.name, lambda directory: find_files(directory, spec),
                         lambda dest: download_dataset(spec, dest),
@@ -278,46 +253,12 @@ def _check_download(path: Path, expected_md5: str | None) -> None:
     verify_file(path, expected_md5)
 
 
-def download_verified(urls: Sequence[str], target: Path, check: Callable[[Path], None],
-                      timeout: float = DOWNLOAD_TIMEOUT_S,
-                      progress: ProgressFn | None = None) -> Path:
-    """Fetch the first of ``urls`` whose content passes ``check`` into ``target``.
-
-    Each attempt goes to a temporary file next to ``target`` that is renamed into place
-    only once ``check(path)`` returned (it raises ValueError or OSError to reject), so no
-    partial or unverified file is ever visible. Raises DataNotFoundError naming the file
-    and every URL's error when all fail.
-    """
-    errors = []
-    for url in urls:
-        try:
-            with atomic_path(target) as tmp:
-                _fetch(url, tmp, timeout, progress)
-                check(tmp)
-            return target
-        except (OSError, HTTPException, ValueError) as err:  # URLError, timeouts, checks
-            errors.append(f"{url}: {err}")
-    tried = "; ".join(errors) or "no mirrors"
-    raise DataNotFoundError(f"could not download {target.name}: {tried}")
-
-
-def _download_file(base_urls: tuple[str, ...], file_name: str, expected_md5: str | None,
-                   dest_dir: Path, timeout: float, progress: ProgressFn | None) -> Path:
-    """Fetch ``<base>/<file_name>.gz`` from the first mirror that gives verified content."""
-    urls = [f"{base.rstrip('/')}/{file_name}{GZIP_SUFFIX}" for base in base_urls]
-    return download_verified(urls, dest_dir / (file_name + GZIP_SUFFIX),
-                             lambda path: _check_download(path, expected_md5), timeout, progress)
-
-
 def download_file(remote: RemoteFile, dest_dir: str | os.PathLike,
                   check: Callable[[Path], None] | None = None,
                   timeout: float = DOWNLOAD_TIMEOUT_S,
                   progress: ProgressFn | None = None) -> Path:
-    """``<dest_dir>/<remote.name>``, downloaded unless a file with the right MD5 is there.
-
-    The download must match ``remote.md5`` (the bytes as stored) and pass ``check``, if
-    given, before it is renamed into place (see download_verified).
-    """
+    """``<dest_dir>/<remote.name>``, kept when it passes the MD5 and ``check``, else fetched from
+    the first URL whose content passes them; DataNotFoundError listing each URL's error."""
     target = Path(dest_dir) / remote.name
 
     def verified(path: Path) -> None:
@@ -325,43 +266,35 @@ def download_file(remote: RemoteFile, dest_dir: str | os.PathLike,
         if check is not None:
             check(path)
 
-    if target.is_file() and remote.md5 is not None:
+    if target.is_file() and (remote.md5 is not None or check is not None):
         try:
             verified(target)
             return target
         except (ValueError, OSError):
             pass
-    return download_verified(remote.urls, target, verified, timeout, progress)
+    errors = []
+    for url in remote.urls:  # each into a temporary file, renamed into place once verified
+        try:
+            with atomic_path(target) as tmp:
+                _fetch(url, tmp, timeout, progress)
+                verified(tmp)
+            return target
+        except (OSError, HTTPException, ValueError) as err:  # URLError, timeouts, checks
+            errors.append(f"{url}: {err}")
+    tried = "; ".join(errors) or "no mirrors"
+    raise DataNotFoundError(f"could not download {target.name}: {tried}")
 
 
 def download_dataset(name_or_spec: str | DatasetSpec, dest_dir: str | os.PathLike,
                      timeout: float = DOWNLOAD_TIMEOUT_S,
                      progress: ProgressFn | None = None) -> dict[str, Path]:
-    """Download the four files as ``<dest_dir>/<file>.gz``, verified; returns their paths.
-
-    Each file comes from the first mirror whose content passes the MD5 check; a file
-    already in ``dest_dir`` with the right content is kept. Each file is written to a
-    temporary file and renamed into place, so no partial file is ever visible. Prints
-    nothing; ``progress(file_name, bytes_received, bytes_total)`` is called per chunk.
-    Raises DataNotFoundError naming the file and every mirror's error when all fail.
-    """
+    """The four files as ``<dest_dir>/<file>.gz``, each from the first mirror that verifies."""
     spec = get_spec(name_or_spec)
-    dest_dir = Path(dest_dir)
-    dest_dir.mkdir(parents=True, exist_ok=True)
+    Path(dest_dir).mkdir(parents=True, exist_ok=True)
     paths = {}
     for key, (file_name, md5) in spec.files.items():
-        existing = dest_dir / (file_name + GZIP_SUFFIX)
-        if existing.is_file() and _is_valid(existing, md5):
-            paths[key] = existing
-        else:
-            paths[key] = _download_file(spec.mirrors, file_name, md5, dest_dir, timeout, progress)
+        urls = tuple(f"{base.rstrip('/')}/{file_name}{GZIP_SUFFIX}" for base in spec.mirrors)
+        paths[key] = download_file(RemoteFile(file_name + GZIP_SUFFIX, urls, None), dest_dir,
+                                   lambda path, md5=md5: _check_download(path, md5),
+                                   timeout, progress)
     return paths
-
-
-def _is_valid(path: Path, expected_md5: str | None) -> bool:
-    """True when ``path`` passes the download checks."""
-    try:
-        _check_download(path, expected_md5)
-        return True
-    except (ValueError, OSError):
-        return False

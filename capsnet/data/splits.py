@@ -6,10 +6,8 @@ import torch
 
 def stratified_split(labels: torch.Tensor, val_size: int,
                      seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices (train, val) with ``val_size`` validation examples spread over the classes
-    in proportion to their frequency. Deterministic for a seed; both sorted, disjoint, and
-    together covering every index. labels: (N,) int64 on any device.
-    """
+    """Sorted, disjoint indices (train, val) covering (N,) labels, ``val_size`` of them
+    spread over the classes by frequency; deterministic for a seed."""
     labels = labels.cpu()
     n = labels.numel()
     if not 0 <= val_size < n:
@@ -29,6 +27,14 @@ def stratified_split(labels: torch.Tensor, val_size: int,
     is_val = torch.zeros(n, dtype=torch.bool)
     is_val[val] = True
     return (~is_val).nonzero().squeeze(1), val
+
+
+def held_out(labels: torch.Tensor, fraction: float,
+             seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, held out) indices: a stratified ``fraction`` of labels (N,), at least one of
+    each side."""
+    n = labels.numel()
+    return stratified_split(labels, min(max(1, round(fraction * n)), n - 1), seed)
 
 
 def epoch_order(n: int, seed: int, epoch: int, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -1,9 +1,5 @@
-"""SVHN, cropped digits: ``train_32x32.mat`` and ``test_32x32.mat`` (MATLAB v5 files).
-
-Each file holds ``X``: (32, 32, 3, N) uint8, the images in height, width, channel, index
-order, and ``y``: (N, 1) labels 1..10, where 10 stands for the digit 0. Reading needs
-scipy (``pip install scipy``, or the ``datasets`` extra), imported only when a file is read.
-"""
+"""SVHN, cropped digits: ``train_32x32.mat`` and ``test_32x32.mat`` (MATLAB v5), ``X`` (32, 32, 3,
+N) uint8 and ``y`` (N, 1) labels 1..10 (10 is the digit 0). Reading needs scipy."""
 
 from __future__ import annotations
 
@@ -49,11 +45,8 @@ def _loadmat():
 
 
 def read_svhn_mat(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """One .mat file -> images (N, 3, 32, 32) uint8 and labels (N,) uint8 in 0..9 (10 -> 0).
-
-    Raises DatasetFileError naming the file when it cannot be read, lacks X or y, or
-    their shapes, type or labels are not SVHN's.
-    """
+    """One .mat file -> images (N, 3, 32, 32) uint8 and labels (N,) uint8 in 0..9;
+    DatasetFileError naming the file when it is not SVHN's."""
     loadmat = _loadmat()
     try:
         contents = loadmat(os.fspath(path), variable_names=("X", "y"))
@@ -89,20 +82,14 @@ def find_mat_files(directory: Path) -> dict[str, Path] | None:
 def download_svhn(dest_dir: str | os.PathLike, files: dict[str, RemoteFile] | None = None,
                   timeout: float = DOWNLOAD_TIMEOUT_S,
                   progress: ProgressFn | None = None) -> dict[str, Path]:
-    """Download both .mat files (default FILES) into ``dest_dir``, MD5-verified and
-    atomically; a file already there with the right MD5 is kept."""
+    """Both .mat files (default FILES) in ``dest_dir``, MD5-verified, kept when already right."""
     return {split: download_file(remote, dest_dir, timeout=timeout, progress=progress)
             for split, remote in (files or FILES).items()}
 
 
 def locate_svhn(data_dir: str | os.PathLike | None = None,
                 download: bool = True) -> dict[str, Path]:
-    """Paths of both .mat files keyed by split; downloads into the cache when missing.
-
-    Looks in data_dir, data_dir/svhn, $CAPSNET_DATA_DIR, $CAPSNET_DATA_DIR/svhn and the
-    cache dir. Raises DataNotFoundError when nothing is found and the download is
-    disabled or fails.
-    """
+    """Paths of both .mat files by split (see :func:`locate_files`); downloads when missing."""
     names = ", ".join(remote.name for remote in FILES.values())
     return locate_files(NAME, find_mat_files, download_svhn, needed=f"the two files {names}",
                         data_dir=data_dir, download=download)
@@ -110,10 +97,7 @@ def locate_svhn(data_dir: str | os.PathLike | None = None,
 
 def load_svhn(split: str, data_dir: str | os.PathLike | None = None, download: bool = True,
               verify: bool = False) -> ImageDataset:
-    """The 'train' or 'test' split: images (N, 3, 32, 32) uint8, classes "0".."9".
-
-    With ``verify``, the file's MD5 is checked first (ChecksumError on mismatch).
-    """
+    """The 'train' or 'test' split, classes "0".."9"; ``verify`` checks the file's MD5 first."""
     if split not in FILES:
         raise ValueError(f"unknown split {split!r}; expected one of {tuple(FILES)}")
     path = locate_svhn(data_dir, download)[split]

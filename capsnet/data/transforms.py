@@ -1,11 +1,9 @@
-"""Batched geometric transforms of digit images on any device: rotation, random affine
-transformations in the spirit of affNIST, and placement on a larger black canvas.
+"""Batched geometric transforms of digit images on any device: rotation, affNIST-like random
+affine maps, placement on a larger black canvas.
 
-Every transform is one ``affine_grid`` + ``grid_sample`` (bilinear, zeros outside) over
-the whole batch. Matrices are written in pixel coordinates, x to the right and y down,
-about the image centre; a positive angle turns the digit counter-clockwise on screen.
-uint8 images come back as uint8 (rounded), float images as float.
-"""
+Every warp is one ``affine_grid`` + ``grid_sample`` (bilinear, zeros outside); matrices are
+in pixel coordinates (x right, y down) about the image centre; a positive angle turns
+counter-clockwise on screen. uint8 images come back as uint8 (rounded)."""
 from __future__ import annotations
 
 import math
@@ -22,14 +20,9 @@ AFFINE_DRAWS = 6  # uniform numbers per image: rotation, shear, scale x, scale y
 
 @dataclass(frozen=True)
 class AffineRanges:
-    """Ranges of the random affine transformations, after affNIST (Tieleman 2013).
-
-    Each parameter is drawn uniformly and independently per image: rotation in
-    [-max_rotation_deg, +max_rotation_deg], horizontal shear factor in [-max_shear,
-    +max_shear] (x' = x + shear * y), horizontal and vertical scale each in ``scale``.
-    The translation is then uniform over the positions that keep the transformed digit's
-    bounding box inside the output image (the digit is centred when it cannot move).
-    """
+    """Ranges of the random affine maps, after affNIST, each drawn uniformly per image:
+    rotation, horizontal shear (x' = x + shear * y), x and y scale; then a translation
+    uniform over the positions keeping the digit's bounding box inside."""
 
     max_rotation_deg: float = 20.0
     max_shear: float = 0.2
@@ -43,8 +36,8 @@ class AffineRanges:
 
 @dataclass
 class AffineParams:
-    """Per-image parameters of random affine transformations, each (N,) float32 on the CPU;
-    ``position`` (N, 2) in [0, 1] picks the translation within its allowed range (x, y)."""
+    """Per-image parameters, each (N,) float32 on the CPU; ``position`` (N, 2) in [0, 1]
+    picks the translation within its allowed range."""
 
     rotation_deg: torch.Tensor
     shear: torch.Tensor
@@ -57,9 +50,8 @@ class AffineParams:
 
 
 def sample_affine(n: int, ranges: AffineRanges = AffineRanges(), seed: int = 0) -> AffineParams:
-    """``n`` parameter sets drawn from ``ranges`` by a CPU generator seeded with ``seed``:
-    the same numbers on every device, run and model. Image i's draws are row i of one
-    (n, 6) uniform tensor, so the first k images get the same parameters whatever n is."""
+    """``n`` parameter sets from a CPU generator seeded with ``seed``; image i's draws are
+    row i of one (n, 6) tensor, so the first k images' parameters do not depend on n."""
     g = torch.Generator().manual_seed(seed)
     u = torch.rand(n, AFFINE_DRAWS, generator=g)  # (n, 6)
     low, high = ranges.scale
@@ -70,8 +62,7 @@ def sample_affine(n: int, ranges: AffineRanges = AffineRanges(), seed: int = 0) 
 
 
 def rotation_matrix(angle_deg: torch.Tensor) -> torch.Tensor:
-    """Forward maps (N, 2, 2) turning the image counter-clockwise on screen by ``angle_deg``
-    (N,), in (x right, y down) coordinates."""
+    """Forward maps (N, 2, 2) turning counter-clockwise on screen by ``angle_deg`` (N,)."""
     a = torch.deg2rad(angle_deg.float())  # (N,)
     cos, sin = torch.cos(a), torch.sin(a)
     return torch.stack([torch.stack([cos, sin], -1), torch.stack([-sin, cos], -1)], -2)  # (N, 2, 2)
@@ -89,12 +80,10 @@ def linear_matrix(params: AffineParams) -> torch.Tensor:
 
 def warp(images: torch.Tensor, matrix: torch.Tensor, translation: torch.Tensor | None = None,
          out_size: int | None = None) -> torch.Tensor:
-    """Apply the forward maps p' = matrix (p - centre_in) + centre_out + translation.
+    """Apply p' = matrix (p - centre_in) + centre_out + translation.
 
-    images: (N, H, W) or (N, C, H, W), square, uint8 or float. matrix: (N, 2, 2) or (2, 2);
-    translation: (N, 2) pixels (x, y) or None. The output is ``out_size`` square (default:
-    the input size), same layout and dtype; pixels from outside the input are black.
-    """
+    images: (N, H, W) or (N, C, H, W), square; matrix: (N, 2, 2) or (2, 2); translation:
+    (N, 2) pixels or None. Output: ``out_size`` square (default: the input's), same dtype."""
     squeeze = images.dim() == 3
     x = images.unsqueeze(1) if squeeze else images  # (N, C, H, W)
     N, C, H, W = x.shape
@@ -122,16 +111,14 @@ def warp(images: torch.Tensor, matrix: torch.Tensor, translation: torch.Tensor |
 
 def rotate(images: torch.Tensor, angle_deg: float | torch.Tensor,
            out_size: int | None = None) -> torch.Tensor:
-    """Turn every image (N, H, W) counter-clockwise by ``angle_deg`` (a number or (N,))
-    about its centre, optionally centring it on a larger ``out_size`` canvas first."""
+    """Turn every image (N, H, W) by ``angle_deg`` (number or (N,)), on an ``out_size`` canvas."""
     angles = torch.as_tensor(angle_deg, dtype=torch.float32).reshape(-1)  # (N,) or (1,)
     return warp(images, rotation_matrix(angles), out_size=out_size)
 
 
 def bounding_boxes(images: torch.Tensor) -> torch.Tensor:
-    """Extent of the non-zero pixels of each image (N, H, W) in centred pixel coordinates,
-    (N, 4) as (x_min, x_max, y_min, y_max), pixel edges included; an empty image gets a
-    zero-size box at its centre."""
+    """Ink extent (N, 4) as (x_min, x_max, y_min, y_max) in centred pixel coordinates;
+    an empty image gets a zero-size box at its centre."""
     N, H, W = images.shape
     ink = images > 0  # (N, H, W)
     cols, rows = ink.any(dim=1), ink.any(dim=2)  # (N, W), (N, H)
@@ -153,9 +140,8 @@ def bounding_boxes(images: torch.Tensor) -> torch.Tensor:
 
 def inside_translation(boxes: torch.Tensor, matrix: torch.Tensor, position: torch.Tensor,
                        out_size: int) -> torch.Tensor:
-    """Translations (N, 2) that keep each transformed bounding box inside an ``out_size``
-    image: ``position`` (N, 2) in [0, 1] goes from the leftmost (topmost) allowed place to
-    the rightmost (lowest). boxes (N, 4) as from :func:`bounding_boxes`; matrix (N, 2, 2)."""
+    """Translations (N, 2) keeping each transformed box (N, 4) inside ``out_size``;
+    ``position`` (N, 2) in [0, 1] goes from the leftmost (topmost) place to the rightmost."""
     x0, x1, y0, y1 = boxes.unbind(-1)  # (N,) each
     corners = torch.stack([torch.stack([x0, y0], -1), torch.stack([x1, y0], -1),
                            torch.stack([x0, y1], -1), torch.stack([x1, y1], -1)], 1)  # (N, 4, 2)
@@ -171,10 +157,7 @@ def inside_translation(boxes: torch.Tensor, matrix: torch.Tensor, position: torc
 
 def random_affine(images: torch.Tensor, params: AffineParams,
                   out_size: int | None = None) -> torch.Tensor:
-    """Transform each image (N, H, W) or (N, C, H, W) by its own affine map drawn in
-    ``params`` (N sets),
-    on an ``out_size`` canvas (default: the input size), translated as
-    :class:`AffineRanges` describes."""
+    """Each image (N, [C,] H, W) by its own affine map from ``params`` on an ``out_size`` canvas."""
     if len(params) != images.shape[0]:
         raise ValueError(f"{len(params)} parameter sets for {images.shape[0]} images")
     size_out = out_size or images.shape[-1]
@@ -186,17 +169,14 @@ def random_affine(images: torch.Tensor, params: AffineParams,
 
 def affine_set(images: torch.Tensor, ranges: AffineRanges = AffineRanges(), seed: int = 0,
                out_size: int | None = None) -> torch.Tensor:
-    """The seeded affine test set of ``images`` (N, H, W): identical for a seed on every
-    run, device and model (models of another input size see the same draws on their canvas)."""
+    """The seeded affine test set of ``images`` (N, H, W), alike on every run, device, model."""
     return random_affine(images, sample_affine(images.shape[0], ranges, seed), out_size)
 
 
 def place_on_canvas(images: torch.Tensor, canvas: int,
                     generator: torch.Generator | None = None) -> torch.Tensor:
-    """Put each image (N, H, W) at a uniformly random integer position on a black
-    ``canvas`` x ``canvas`` image (centred when ``generator`` is None). Returns (N, canvas, canvas)
-    in the same dtype, by one gather, no resampling. ``generator`` lives on images' device
-    (:func:`canvas_offsets` draws positions on a generator of another device)."""
+    """Each image (N, H, W) at a random integer position (centred without ``generator``, on
+    any device) on a black ``canvas`` square -> (N, canvas, canvas), same dtype, one gather."""
     N, H, W = images.shape
     top, left = canvas_offsets(N, (H, W), canvas, generator, images.device)
     return place_at(images, canvas, top, left)
@@ -205,9 +185,7 @@ def place_on_canvas(images: torch.Tensor, canvas: int,
 def canvas_offsets(n: int, size: tuple[int, int], canvas: int,
                    generator: torch.Generator | None = None,
                    device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Top and left offsets (n,) of images of ``size`` (H, W) on a ``canvas``: uniformly
-    random integers drawn from ``generator`` (on its own device), or centred without one;
-    returned on ``device``."""
+    """Top and left offsets (n,) on a ``canvas``: random from ``generator`` or centred."""
     H, W = size
     if canvas < max(H, W):
         raise ValueError(f"canvas {canvas} is smaller than the {H}x{W} images")
@@ -222,8 +200,7 @@ def canvas_offsets(n: int, size: tuple[int, int], canvas: int,
 
 def place_at(images: torch.Tensor, canvas: int, top: torch.Tensor,
              left: torch.Tensor) -> torch.Tensor:
-    """Images (N, H, W) with their top-left corners at (top, left) (N,) on a black canvas:
-    (N, canvas, canvas), same dtype and device, by one gather."""
+    """Images (N, H, W) at (top, left) (N,) on a black canvas -> (N, canvas, canvas), one gather."""
     N, H, W = images.shape
     device = images.device
     grid = torch.arange(canvas, device=device)  # (canvas,)

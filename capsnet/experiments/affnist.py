@@ -1,11 +1,6 @@
-"""The paper's affNIST protocol (Sabour et al. 2017, section 5.2): train on MNIST digits
-placed at random positions on a 40x40 black background, then test on affine-transformed
-40x40 digits, comparing CapsNet and the CNN at the same accuracy on (expanded) MNIST.
-
-The affine test set is made here from the MNIST test digits with affNIST's ranges
-(:class:`capsnet.data.transforms.AffineRanges`), seeded, so it needs no download; it is in the
-spirit of affNIST, not the affNIST files themselves.
-"""
+"""The paper's affNIST protocol (Sabour et al. 2017, section 5.2): train on MNIST digits placed
+at random on a 40x40 canvas, test on placed and on affine-transformed digits. The affine set
+is made here from the MNIST test digits with affNIST's ranges, seeded (not the affNIST files)."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,13 +11,13 @@ from torch import nn
 
 from capsnet.data.image_dataset import to_model_input
 from capsnet.data.splits import epoch_order
-from capsnet.data.transforms import AffineRanges, affine_set, canvas_offsets, place_at
+from capsnet.data.transforms import AffineRanges, affine_set, place_on_canvas
 from capsnet.experiments import SEED_STRIDE, TEST_SEED
 from capsnet.experiments.robustness import NamedModel
 from capsnet.models import count_parameters
 from capsnet.training import distributed
 from capsnet.training.distributed import World
-from capsnet.training.fit import INITIALISATION_IMAGES, data_overrides, prepare_data
+from capsnet.training.fit import INITIALISATION_IMAGES, data_overrides, protocol_data
 from capsnet.training.loop import StepOptions, evaluate, train_one_epoch
 from capsnet.training.runner import Log, Progress, Task, run_task
 from capsnet.training.settings import TrainSettings
@@ -31,20 +26,14 @@ CANVAS = 40  # affNIST's image size
 
 
 def placed(images: torch.Tensor, canvas: int, seed: int) -> torch.Tensor:
-    """``images`` (N, 28, 28) at seeded random positions on a black canvas (N, canvas, canvas),
-    on images' device. The positions are drawn on the CPU, so that a seed gives the same
-    positions on every device; only they move, not the images."""
-    N, H, W = images.shape
-    top, left = canvas_offsets(N, (H, W), canvas, torch.Generator().manual_seed(seed),
-                               images.device)  # (N,), (N,)
-    return place_at(images, canvas, top, left)
+    """``images`` (N, 28, 28) at seeded random places on a black canvas (N, canvas, canvas);
+    positions drawn on the CPU, the same on every device."""
+    return place_on_canvas(images, canvas, torch.Generator().manual_seed(seed))
 
 
 def evaluation_sets(images: torch.Tensor, canvas: int = CANVAS, seed: int = TEST_SEED,
               ranges: AffineRanges = AffineRanges()) -> dict[str, torch.Tensor]:
-    """The two test sets of the protocol, each (N, canvas, canvas) uint8: 'mnist' (the test
-    digits at random positions, the paper's 'expanded MNIST') and 'affine' (each digit
-    transformed by a random affine map on the canvas, as in affNIST)."""
+    """The protocol's test sets (N, canvas, canvas) uint8: 'mnist' (placed) and 'affine'."""
     return {"mnist": placed(images, canvas, seed),
             "affine": affine_set(images, ranges, seed, out_size=canvas)}
 
@@ -82,20 +71,16 @@ def format_comparison(rows: Sequence[dict]) -> str:
 
 
 class AffnistTask(Task):
-    """The protocol's training: MNIST digits placed at fresh random positions on a ``canvas``
-    background every epoch (no other augmentation), validation on held-out digits placed
-    the same way, the validation-selected model tested on both test sets."""
+    """Digits placed afresh every epoch, validation digits placed alike, the selected model
+    tested on both test sets."""
 
     name = "affnist"
 
     def prepare(self, device: torch.device) -> None:
         s = self.settings
-        if s.val_size is not None and s.val_size < 1:
-            raise ValueError("affNIST training needs held-out validation digits (val_size > 0)")
         self.canvas = s.canvas or CANVAS
-        self.data = prepare_data(s, device)
+        self.data, self.images, self.labels = protocol_data(s, device, "affNIST")
         d = self.data
-        self.images, self.labels = d.train.images[d.train_idx], d.train.labels[d.train_idx]
         self.val_images = placed(d.train.images[d.val_idx], self.canvas, s.seed)
         self.val_labels = d.train.labels[d.val_idx]
         self.epoch_size = len(self.labels)
@@ -149,8 +134,6 @@ class AffnistTask(Task):
 
 def train_affnist(settings: TrainSettings, resume: str | None = None,
                   argv: list[str] | None = None, log: Callable[[str], None] = print) -> dict:
-    """Train ``settings.model`` under the affNIST protocol (``settings.canvas``, default 40;
-    ``target_accuracy`` stops at a validation accuracy; ``test_limit`` tests on the first N
-    test digits). Returns (and writes) results.json."""
+    """Train ``settings.model`` under the affNIST protocol; returns results.json's content."""
     placed = dataclasses.replace(settings, task="affnist", augment="shift", max_shift=0)
     return run_task(AffnistTask(placed), resume, argv, log)

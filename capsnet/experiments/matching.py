@@ -1,11 +1,6 @@
-"""Models compared at the same validation accuracy, as in the paper's affNIST experiment
-(both networks trained to 99.2% on expanded MNIST before the affine test): from each run
-directory, the earliest checkpoint whose validation accuracy reaches a common level.
-
-A run keeps ``last.pt``, ``best.pt`` and, with ``--keep-every N``, ``epoch-NNN.pt``; each
-checkpoint records its epoch and that epoch's validation accuracy, read here without loading
-the weights.
-"""
+"""Models compared at the same validation accuracy, as in the paper's affNIST experiment: from
+each run directory, the earliest kept checkpoint (last.pt, best.pt, epoch-NNN.pt) whose
+recorded validation accuracy reaches a common level, read without loading the weights."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -51,9 +46,8 @@ def common_level(runs: Sequence[Sequence[KeptCheckpoint]]) -> float:
 
 def matched_checkpoints(run_dirs: Sequence[str | Path],
                         accuracy: float | None = None) -> tuple[float, list[KeptCheckpoint]]:
-    """(level, one checkpoint per run): for each run its earliest kept checkpoint whose
-    validation accuracy reaches ``accuracy`` (default: :func:`common_level` of the runs).
-    Raises ValueError naming a run that never reached the level."""
+    """(level, each run's earliest checkpoint reaching ``accuracy``, default the common
+    level); ValueError naming a run that never reached it."""
     runs = [kept_checkpoints(run_dir) for run_dir in run_dirs]
     level = common_level(runs) if accuracy is None else accuracy
     chosen = []

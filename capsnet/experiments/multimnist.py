@@ -1,10 +1,6 @@
-"""MultiMNIST (Sabour et al. 2017, section 6): pairs of overlapping digits of different
-classes, the loss that trains two capsules and both reconstructions, and the top-2 metric.
-
-A digit (28x28) is centred on a canvas of 28 + 2 * max_shift pixels (36 for the paper's
-4-pixel shift), shifted by up to ``max_shift`` pixels in x and y, and overlaid on another
-digit of a different class shifted independently: the pixel-wise sum, clipped at 255.
-"""
+"""MultiMNIST (Sabour et al. 2017, section 6): two digits of different classes, each shifted by
+up to ``max_shift`` pixels on a 28 + 2 max_shift canvas, summed and clipped at 255; the loss
+that trains both capsules and reconstructions, and the top-2 metric."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +26,7 @@ def canvas_size(digit_size: int, max_shift: int = MAX_SHIFT) -> int:
 
 
 def shift_for(model_image_size: int, digit_size: int) -> int:
-    """The per-digit shift a model trained on MultiMNIST of ``digit_size`` digits used: its
-    input is ``digit_size + 2 * shift`` pixels wide."""
+    """The per-digit shift of a MultiMNIST model whose input is ``digit_size + 2 * shift`` wide."""
     shift = (model_image_size - digit_size) // 2
     if shift < 0:
         raise ValueError(f"the model takes {model_image_size}x{model_image_size} images, "
@@ -41,9 +36,8 @@ def shift_for(model_image_size: int, digit_size: int) -> int:
 
 @dataclass
 class DigitPairs:
-    """Overlapping digit pairs. images (N, S, S) uint8, the overlays; labels (N, 2) int64,
-    the two classes (always different); digits (N, 2, S, S) uint8, each digit alone, placed
-    exactly as in its overlay (the reconstruction targets)."""
+    """Overlays (N, S, S) uint8, their two different labels (N, 2) and each digit alone as
+    placed (N, 2, S, S) (the reconstruction targets)."""
 
     images: torch.Tensor
     labels: torch.Tensor
@@ -61,10 +55,8 @@ class DigitPairs:
 
 @dataclass(frozen=True)
 class ClassIndex:
-    """The digits of ``labels`` (N,) grouped by class, made once per set of digits (finding
-    the classes present syncs with the host, which a training step should not): present
-    classes (P,) sorted, their counts (P,), the indices (N,) grouped by class, and where
-    each class's group starts (P,). All on labels' device."""
+    """``labels`` (N,) grouped by class, made once per digit set (finding the classes syncs
+    with the host): classes (P,), counts (P,), grouped indices (N,), group starts (P,)."""
 
     present: torch.Tensor
     counts: torch.Tensor
@@ -83,10 +75,8 @@ class ClassIndex:
 def partner_indices(labels: torch.Tensor, first: torch.Tensor,
                     generator: torch.Generator | None = None,
                     index: ClassIndex | None = None) -> torch.Tensor:
-    """For each index in ``first`` (M,), a random index (M,) into ``labels`` (N,) whose class
-    differs: the class uniformly among the other classes present, then the example uniformly
-    within that class. ``generator`` lives on labels' device; ``index`` is labels'
-    :class:`ClassIndex` when made already."""
+    """For each of ``first`` (M,), a random index into ``labels`` of another class (the
+    class uniform among the others present, then the example within it)."""
     device = labels.device
     index = index or ClassIndex.of(labels)
     classes = index.present.numel()
@@ -102,8 +92,7 @@ def partner_indices(labels: torch.Tensor, first: torch.Tensor,
 
 def shift_on_canvas(digits: torch.Tensor, max_shift: int = MAX_SHIFT,
                     generator: torch.Generator | None = None) -> torch.Tensor:
-    """Centre each digit (M, H, W) on a canvas of H + 2 * max_shift and shift it by up to
-    ``max_shift`` pixels in x and y. Returns (M, S, S), same dtype."""
+    """Centre each digit (M, H, W) on an H + 2 max_shift canvas, shifted randomly -> (M, S, S)."""
     centred = place_on_canvas(digits, canvas_size(digits.shape[-1], max_shift))  # (M, S, S)
     return random_shift(centred.unsqueeze(1), max_shift, generator).squeeze(1)  # (M, S, S)
 
@@ -116,10 +105,8 @@ def overlay(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def make_pairs(images: torch.Tensor, labels: torch.Tensor, first: torch.Tensor,
                max_shift: int = MAX_SHIFT, generator: torch.Generator | None = None,
                index: ClassIndex | None = None) -> DigitPairs:
-    """One pair for each index in ``first`` (M,): that digit of ``images`` (N, 28, 28) uint8
-    over a random digit of another class from the same images (``index``: their
-    :class:`ClassIndex`, when made already). Deterministic for a generator state;
-    partners, then the two digits' shifts, are drawn from ``generator``."""
+    """One pair per index of ``first`` (M,): that digit over a random digit of another class,
+    partners then shifts drawn from ``generator``."""
     second = partner_indices(labels, first, generator, index)  # (M,)
     both = torch.stack([first, second], dim=1)  # (M, 2)
     M = both.shape[0]
@@ -130,9 +117,7 @@ def make_pairs(images: torch.Tensor, labels: torch.Tensor, first: torch.Tensor,
 
 def pair_set(images: torch.Tensor, labels: torch.Tensor, count: int, seed: int,
              max_shift: int = MAX_SHIFT) -> DigitPairs:
-    """A fixed set of ``count`` pairs (for validation or test), the same for a seed on every
-    device: made on the CPU, cycling through ``images`` (N, 28, 28) as first digits, and
-    returned on images' device."""
+    """A fixed set of ``count`` pairs, the same for a seed on every device (made on the CPU)."""
     g = torch.Generator().manual_seed(seed)
     first = torch.arange(count) % labels.numel()  # (count,)
     pairs = make_pairs(images.cpu(), labels.cpu(), first, max_shift, g)
@@ -146,12 +131,9 @@ def two_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
 
 def pair_loss(model: nn.Module, x: torch.Tensor, labels: torch.Tensor, digits: torch.Tensor,
               reconstruction_weight: float = RECONSTRUCTION_WEIGHT):
-    """The paper's MultiMNIST loss of a CapsNet and its output.
-
-    x (B, 1, S, S) float overlays, labels (B, 2), digits (B, 2, 1, S, S) float targets.
-    Margin loss with both capsules as targets, plus ``reconstruction_weight`` times the sum
-    of the two reconstruction losses, each digit decoded from its own capsule alone.
-    """
+    """The paper's MultiMNIST loss: margin loss with both capsules as targets plus
+    ``reconstruction_weight`` times each digit's reconstruction loss from its own capsule.
+    x (B, 1, S, S), labels (B, 2), digits (B, 2, 1, S, S)."""
     out = model(x, labels[:, 0])  # lengths (B, J), poses (B, J, D), reconstruction of digit 1
     loss = margin_loss(out.lengths.float(), two_hot(labels, out.lengths.shape[-1]))
     if out.reconstructions is not None and reconstruction_weight > 0:

@@ -22,9 +22,10 @@ from capsnet.experiments.multimnist import (
     pairs_correct,
     top_two,
 )
+from capsnet.inference import require_decoder
 from capsnet.training import distributed
 from capsnet.training.distributed import World
-from capsnet.training.fit import data_overrides, prepare_data
+from capsnet.training.fit import data_overrides, protocol_data
 from capsnet.training.loop import StepOptions, backward_and_step, checked_mean_loss
 from capsnet.training.runner import Log, Progress, Task, run_task
 from capsnet.training.settings import TrainSettings
@@ -36,11 +37,9 @@ def train_pairs_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images
                       labels: torch.Tensor, order: torch.Tensor, batch_size: int, max_shift: int,
                       reconstruction_weight: float, generator: torch.Generator | None = None,
                       options: StepOptions | None = None) -> dict:
-    """One epoch over pairs whose first digits are ``images[order]`` (images (N, 28, 28)
-    uint8, labels (N,) on the device) and whose partners and shifts are drawn from
-    ``generator``; ``options`` may add an fp16 gradient scaler and the sum over DDP ranks
-    (its batch size and shift are not read). Returns {'train_loss', 'train_accuracy'}
-    (accuracy: both digits right)."""
+    """One epoch over pairs whose first digits are ``images[order]`` (N, 28, 28), partners
+    and shifts from ``generator``; ``options`` adds the fp16 scaler and the sum over ranks.
+    Returns {'train_loss', 'train_accuracy'} (both digits right)."""
     options = options or StepOptions()
     model.train()
     device = images.device
@@ -63,10 +62,8 @@ def train_pairs_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images
 @torch.no_grad()
 def evaluate_pairs(model: nn.Module, pairs: DigitPairs, batch_size: int = 500,
                    world: World | None = None) -> dict:
-    """The paper's MultiMNIST metric: a pair counts as right when the two most active
-    capsules are its two digits. With a ``world`` of several ranks each evaluates every
-    world-th pair and the counts are summed: every rank gets the same numbers. Returns
-    {'accuracy', 'error', 'pairs'}."""
+    """The paper's MultiMNIST metric (the two most active capsules are the pair's digits),
+    each rank taking every world-th pair. Returns {'accuracy', 'error', 'pairs'}."""
     model.eval()
     world = world or World()
     device = pairs.images.device
@@ -83,11 +80,10 @@ def evaluate_pairs(model: nn.Module, pairs: DigitPairs, batch_size: int = 500,
 
 @torch.no_grad()
 def reconstruct_pairs(model: nn.Module, pairs: DigitPairs) -> tuple[torch.Tensor, ...]:
-    """Reconstructions of each pair from its two most active capsules, one at a time:
-    first (K, S, S), second (K, S, S) floats in [0, 1], and those capsules (K, 2)."""
+    """Each pair reconstructed from its two most active capsules: first, second (K, S, S)
+    in [0, 1], and those capsules (K, 2)."""
     model.eval()
-    if getattr(model, "decoder", None) is None:
-        raise ValueError("this model has no decoder (trained with --reconstruction-weight 0)")
+    require_decoder(model)
     out = model(to_model_input(pairs.images))  # poses (K, J, D)
     chosen = top_two(out.lengths)  # (K, 2)
     first = model.decoder(out.poses, chosen[:, 0])[:, 0]  # (K, S, S)
@@ -96,9 +92,8 @@ def reconstruct_pairs(model: nn.Module, pairs: DigitPairs) -> tuple[torch.Tensor
 
 
 class MultiMnistTask(Task):
-    """Fresh pairs of the training digits every epoch (``max_shift`` is each digit's shift),
-    validation pairs from the held-out digits, the validation-selected model tested on
-    ``test_pairs`` pairs of test digits with the paper's top-2 metric."""
+    """Fresh pairs every epoch, validation pairs of held-out digits, the selected model
+    tested on ``test_pairs`` pairs with the top-2 metric."""
 
     name = "multimnist"
 
@@ -106,11 +101,8 @@ class MultiMnistTask(Task):
         s = self.settings
         if s.model != "capsnet":
             raise ValueError("MultiMNIST training is for CapsNet (its two active capsules)")
-        if s.val_size is not None and s.val_size < 1:
-            raise ValueError("MultiMNIST training needs held-out validation digits "
-                             "(val_size > 0)")
-        self.data = d = prepare_data(s, device)
-        self.images, self.labels = d.train.images[d.train_idx], d.train.labels[d.train_idx]
+        self.data, self.images, self.labels = protocol_data(s, device, "MultiMNIST")
+        d = self.data
         self.val = pair_set(d.train.images[d.val_idx], d.train.labels[d.val_idx],
                             len(d.val_idx), s.seed, s.max_shift)
         self.epoch_size = len(self.labels)

@@ -1,8 +1,5 @@
-"""Accuracy of several models on transformed test digits: a rotation sweep and a seeded
-affine set, every model seeing exactly the same transformed images.
-
-Test digits (N, 28, 28) are transformed on the fly at each model's input size (a model
-taking 40x40 input sees the digit centred on a 40x40 canvas, then transformed).
+"""Accuracy of several models on the same transformed test digits: a rotation sweep and a
+seeded affine set, made at each model's input size (centred on its canvas, then transformed).
 """
 from __future__ import annotations
 
@@ -15,6 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from capsnet.atomic import atomic_write
 from capsnet.data.transforms import AffineRanges, affine_set, rotate
 from capsnet.models import model_name_of
 from capsnet.training.loop import evaluate
@@ -61,46 +59,44 @@ def input_size_check(models: Sequence[NamedModel], image_size: int) -> None:
 def rotation_rows(models: Sequence[NamedModel], images: torch.Tensor, labels: torch.Tensor,
                   angles: Sequence[float], batch_size: int = 500) -> list[dict]:
     """One row per (model, angle): accuracy on ``images`` (N, H, W) uint8 turned by the angle."""
-    rows = []
-    for angle in angles:
-        cache: dict[int, torch.Tensor] = {}  # input size -> rotated set, shared by the models
-        for m in models:
-            if m.image_size not in cache:
-                cache[m.image_size] = rotate(images, angle, out_size=m.image_size)  # (N, S, S)
-            result = evaluate(m.model, cache[m.image_size], labels, batch_size=batch_size)
-            rows.append(_row(m, ROTATION, angle, len(labels), result.accuracy))
-    return rows
+    return [row for angle in angles for row in _rows(
+        models, labels, lambda size, angle=angle: rotate(images, angle, out_size=size),
+        ROTATION, angle, batch_size)]
 
 
 def affine_rows(models: Sequence[NamedModel], images: torch.Tensor, labels: torch.Tensor,
                 ranges: AffineRanges = AffineRanges(), seed: int = 0,
                 batch_size: int = 500) -> list[dict]:
     """One row per model: accuracy on the seeded affine set of ``images`` (N, H, W)."""
-    rows, cache = [], {}
+    return _rows(models, labels, lambda size: affine_set(images, ranges, seed, out_size=size),
+                 AFFINE, None, batch_size)
+
+
+def _rows(models: Sequence[NamedModel], labels: torch.Tensor, transformed, transform: str,
+          angle: float | None, batch_size: int) -> list[dict]:
+    """One row per model: accuracy on ``transformed(input size)`` (N, S, S), made once a size."""
+    sets: dict[int, torch.Tensor] = {}
+    rows = []
     for m in models:
-        if m.image_size not in cache:
-            cache[m.image_size] = affine_set(images, ranges, seed, out_size=m.image_size)
-        result = evaluate(m.model, cache[m.image_size], labels, batch_size=batch_size)
-        rows.append(_row(m, AFFINE, None, len(labels), result.accuracy))
+        if m.image_size not in sets:
+            sets[m.image_size] = transformed(m.image_size)
+        accuracy = evaluate(m.model, sets[m.image_size], labels, batch_size=batch_size).accuracy
+        rows.append({"model": m.label, "input_size": m.image_size, "transform": transform,
+                     "angle_deg": angle, "images": len(labels),
+                     "accuracy": round(accuracy, DIGITS), "error": round(1.0 - accuracy, DIGITS)})
     return rows
 
 
-def _row(m: NamedModel, transform: str, angle, images: int, accuracy: float) -> dict:
-    return {"model": m.label, "input_size": m.image_size, "transform": transform,
-            "angle_deg": angle, "images": images, "accuracy": round(accuracy, DIGITS),
-            "error": round(1.0 - accuracy, DIGITS)}
-
-
 def write_csv(rows: Sequence[dict], path: str | os.PathLike) -> Path:
-    """Rows as CSV with :data:`CSV_COLUMNS` (an affine row has an empty angle)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
+    """Rows as CSV with :data:`CSV_COLUMNS` (an affine row has an empty angle), atomically."""
+    def write(f) -> None:
         writer = csv.DictWriter(f, CSV_COLUMNS)
         writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if row[k] is None else row[k]) for k in CSV_COLUMNS})
-    return path
+        writer.writerows({k: ("" if row[k] is None else row[k]) for k in CSV_COLUMNS}
+                         for row in rows)
+
+    atomic_write(path, write, mode="w")
+    return Path(path)
 
 
 def accuracy_grid(rows: Sequence[dict], affine_label: str = "affine"

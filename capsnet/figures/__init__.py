@@ -1,17 +1,6 @@
-"""Every picture capsnet draws, as PNG files (matplotlib ``Figure`` objects, never pyplot).
-
-- :func:`reconstruction_figure`: test images over their reconstructions (Figure 3);
-- :func:`manipulation_figure`: each pose dimension of a capsule perturbed (Figure 4);
-- :func:`prediction_figure`: one input as the model saw it, its reconstruction, the lengths;
-- :func:`training_curves_figure`: loss and error per epoch from a run's metrics.csv;
-- :func:`routing_figure`: where the winning capsule's support comes from, per iteration
-  (:func:`routing_types_figure`: per capsule type, for children without a spatial grid);
-- :func:`rotation_figure`, :func:`examples_figure`, :func:`pairs_figure`: robustness
-  experiments and MultiMNIST.
-
-Needs matplotlib (``pip install "capsnet[plot]"``): without it, importing this package raises
-:class:`capsnet.extras.MissingExtraError` with that command.
-"""
+"""Every picture capsnet draws, as PNG files (matplotlib ``Figure`` objects, never pyplot):
+Figures 3 and 4 of the paper, predictions, training curves, routing, robustness and
+MultiMNIST. Needs matplotlib (``pip install "capsnet[plot]"``), else MissingExtraError."""
 from capsnet.extras import require_extra
 
 require_extra("plot")

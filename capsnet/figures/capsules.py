@@ -30,11 +30,9 @@ def reconstruction_figure(images: np.ndarray, reconstructions: np.ndarray, label
                           predictions: Sequence[int], path: str | os.PathLike, columns: int = 10,
                           label_reconstructions: np.ndarray | None = None,
                           class_names: Sequence[str] | None = None) -> Path:
-    """Figure 3: inputs (N, H, W) or (N, H, W, 3) uint8 each above its reconstruction (the
-    same layout) from the predicted capsule, titled 'label -> prediction' (by name when
-    ``class_names`` are given), mis-classified ones in red. With ``label_reconstructions``,
-    a third row shows, for mis-classified inputs only, the reconstruction from the true
-    label's capsule. Rows of ``columns`` images."""
+    """Figure 3: inputs (N, H, W[, 3]) uint8 over their reconstructions from the predicted
+    capsule, titled 'label -> prediction', errors in red; ``label_reconstructions`` adds,
+    for errors, the reconstruction from the true label's capsule."""
     N = len(images)
     columns = max(1, min(columns, N))
     chunks = -(-N // columns)  # ceil
@@ -72,9 +70,8 @@ def _name(index: int, class_names: Sequence[str] | None) -> str:
 
 def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int | str],
                         deltas: Sequence[float], path: str | os.PathLike) -> Path:
-    """Figure 4: for each class a grid (D, S, H, W) or (D, S, H, W, 3) uint8 of decoded
-    images, row d with pose dimension d moved by each of the S ``deltas``. Side by side,
-    titled 'digit 7' for an index in ``digits``, by the text itself for a name."""
+    """Figure 4: per class a grid (D, S, H, W[, 3]) uint8, row d with dimension d moved by
+    each of the S ``deltas``; titled 'digit 7' for an index, by the name otherwise."""
     D, S = grids[0].shape[:2]
     fig = Figure(figsize=(len(grids) * (S * GRID_CELL_INCHES + MARGIN_INCHES),
                           D * GRID_CELL_INCHES + 2 * MARGIN_INCHES), layout="constrained")
@@ -96,9 +93,7 @@ def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int | str]
 def prediction_figure(image: np.ndarray, reconstruction: np.ndarray | None,
                       lengths: Sequence[float], title: str, path: str | os.PathLike,
                       class_names: Sequence[str] | None = None) -> Path:
-    """An input (H, W) or (H, W, 3) uint8 as the model saw it, its reconstruction (the same
-    layout) or None, and the per-class capsule lengths (J,) as bars, labelled by
-    ``class_names`` when given."""
+    """An input (H, W[, 3]) uint8, its reconstruction or None, and the capsule lengths (J,)."""
     panels = 3 if reconstruction is not None else 2
     fig = Figure(figsize=(3 * panels, 3))
     axes = fig.subplots(1, panels)

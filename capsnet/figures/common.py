@@ -1,10 +1,5 @@
-"""What every figure shares: the PNG writer, colours, sizes and tiling of images.
-
-Images are uint8 in the display layout: (H, W) grey or (H, W, 3) RGB.
-
-Figures are built on ``matplotlib.figure.Figure`` objects (the Agg renderer), never
-pyplot, so they are safe in servers, threads and headless machines.
-"""
+"""What every figure shares: the PNG writer, colours, sizes and tiling of images (uint8,
+(H, W) grey or (H, W, 3) RGB), on ``matplotlib.figure.Figure`` (Agg), never pyplot."""
 from __future__ import annotations
 
 import os
@@ -13,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from capsnet.atomic import atomic_path
 from capsnet.data.image_dataset import PIXEL_MAX
 
 DPI = 100
@@ -25,16 +21,14 @@ PERCENT = 100.0
 
 
 def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
-    """Write ``fig`` as a PNG at ``path`` (folders made as needed); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    return path
+    """Write ``fig`` as a PNG at ``path``, atomically (folders made as needed); returns the path."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
+    return Path(path)
 
 
 def mosaic(tiles: np.ndarray, pad: int = 1, pad_value: int = PAD_VALUE) -> np.ndarray:
-    """Tiles (R, C, H, W) grey or (R, C, H, W, 3) RGB -> one image (R*(H+pad)-pad,
-    C*(W+pad)-pad) or (..., 3) with separators."""
+    """Tiles (R, C, H, W[, 3]) -> one image (R*(H+pad)-pad, C*(W+pad)-pad[, 3]) with separators."""
     R, C, H, W = tiles.shape[:4]
     out = np.full((R * (H + pad) - pad, C * (W + pad) - pad, *tiles.shape[4:]), pad_value,
                   dtype=tiles.dtype)
@@ -45,8 +39,7 @@ def mosaic(tiles: np.ndarray, pad: int = 1, pad_value: int = PAD_VALUE) -> np.nd
 
 
 def draw_image(ax, image: np.ndarray, alpha: float = 1.0) -> None:
-    """An image in the display layout on ``ax``: (H, W) uint8 as grey levels, (H, W, 3)
-    uint8 in colour."""
+    """An image (H, W) grey or (H, W, 3) RGB uint8 on ``ax``."""
     if image.ndim == 2:
         ax.imshow(image, cmap="gray", vmin=0, vmax=PIXEL_MAX, interpolation="nearest",
                   alpha=alpha)

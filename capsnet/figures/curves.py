@@ -20,8 +20,7 @@ CURVES = [
 
 
 def curve_series(rows: Sequence[dict]) -> dict[str, tuple[list[int], list[float]]]:
-    """Per metrics.csv column of CURVES present in ``rows``: (epochs, values), skipping
-    empty cells; accuracies become error rates in percent."""
+    """(epochs, values) per CURVES column in ``rows``; accuracies become error rates in percent."""
     series = {}
     for column, panel, _ in CURVES:
         points = [(row["epoch"], row[column]) for row in rows

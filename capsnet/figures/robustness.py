@@ -19,8 +19,7 @@ PAIR_INCHES = (1.3, 1.45)  # per pair: width, height of a row
 
 
 def rotation_figure(rows: Sequence[dict], path: str | os.PathLike, title: str = "") -> Path:
-    """Accuracy against rotation angle, one line per model on one chart; each model's
-    accuracy on the affine set is a dotted line of the same colour."""
+    """Accuracy against rotation angle, a line per model, its affine accuracy dotted."""
     fig = Figure(figsize=ROTATION_INCHES)
     ax = fig.subplots()
     labels = list(dict.fromkeys(r["model"] for r in rows))
@@ -46,8 +45,7 @@ def rotation_figure(rows: Sequence[dict], path: str | os.PathLike, title: str = 
 
 def examples_figure(sets: dict[str, torch.Tensor], path: str | os.PathLike,
                     count: int = 10) -> Path:
-    """A row of ``count`` images for each named set of images (N, H, W) or (N, C, H, W)
-    uint8 (the model layout; colour shown in colour)."""
+    """A row of ``count`` images (N, [C,] H, W) uint8 for each named set."""
     width, height = EXAMPLE_INCHES
     fig = Figure(figsize=(width * count, height * len(sets)))
     axes = fig.subplots(len(sets), count, squeeze=False)
@@ -61,13 +59,10 @@ def examples_figure(sets: dict[str, torch.Tensor], path: str | os.PathLike,
 
 def pairs_figure(images: torch.Tensor, first: torch.Tensor, second: torch.Tensor,
                  labels: torch.Tensor, predicted: torch.Tensor, path: str | os.PathLike) -> Path:
-    """MultiMNIST pairs and their two separate reconstructions (as in the paper's Figure 5).
+    """MultiMNIST pairs and their two reconstructions (the paper's Figure 5).
 
-    images (K, H, W) uint8 overlays; first, second (K, H, W) float in [0, 1], the decoder's
-    reconstructions from the two most active capsules; labels (K, 2) true digits,
-    predicted (K, 2) the two most active capsules. Rows: input, first reconstruction (red),
-    second reconstruction (green), both over each other.
-    """
+    images (K, H, W) uint8; first, second (K, H, W) float in [0, 1]; labels, predicted
+    (K, 2). Rows: input, first (red), second (green), both overlaid."""
     count = images.shape[0]
     first, second = first.float().cpu().clamp(0, 1), second.float().cpu().clamp(0, 1)
     dark = torch.zeros_like(first)  # (K, H, W)

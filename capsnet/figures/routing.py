@@ -1,14 +1,8 @@
-"""Routing by agreement as a picture: one row per image (matplotlib ``Figure``, no pyplot).
+"""Routing by agreement as a picture: one row per image.
 
-:func:`routing_figure`, for children on a spatial grid (CapsNet's primary capsules, the EM
-model's ConvCaps2): the input; where the winning class capsule's support comes from (|c
-u_hat| summed over the capsule types, R a for EM, drawn over the input at the grid's
-receptive-field centres); its couplings after each routing iteration (mean over the types);
-and the runner-up capsule's final couplings. :func:`routing_types_figure`, for children
-without one (Efficient-CapsNet's 1x1 grid at 28x28): the couplings per capsule type as
-(classes x types) matrices. Coupling maps use a diverging scale centred on 1/J, so red
-means "more than a uniform share" and blue "less".
-"""
+:func:`routing_figure` for children on a grid: the input, where the winner's support comes
+from, its couplings per iteration and the runner-up's; :func:`routing_types_figure` for a
+1x1 grid: (classes x types) coupling matrices. Couplings use a diverging scale around 1/J."""
 from __future__ import annotations
 
 import os
@@ -47,8 +41,7 @@ def show_input(ax, image: np.ndarray, alpha: float = 1.0) -> None:
 
 
 def grid_extent(centres: Sequence[float]) -> tuple[float, float, float, float]:
-    """imshow extent (left, right, bottom, top) putting grid cell g's square, one grid step
-    wide, on its receptive-field centre ``centres[g]`` in input pixel coordinates."""
+    """imshow extent putting grid cell g on its receptive-field centre ``centres[g]``."""
     step = centres[1] - centres[0] if len(centres) > 1 else 1.0
     low, high = centres[0] - step / 2, centres[-1] + step / 2
     return (low, high, high, low)
@@ -77,8 +70,7 @@ def draw_coupling_map(ax, coupling: np.ndarray, grey: np.ndarray, centres: Seque
 
 def draw_support_overlay(ax, image: np.ndarray, support: np.ndarray, centres: Sequence[float],
                          field: int, norm: Normalize) -> None:
-    """The input with a (G, G) support map over it at the receptive-field centres (opacity
-    grows with the support) and the strongest cell's receptive field as a dashed square."""
+    """The input with a (G, G) support map over it and the strongest cell's field dashed."""
     show_input(ax, image)
     rgba = colormaps[SUPPORT_CMAP](norm(support))  # (G, G, 4)
     rgba[..., 3] = SUPPORT_ALPHA * np.clip(norm(support), 0, 1)
@@ -96,12 +88,9 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
                    wrong: Sequence[bool] | None = None,
                    class_names: Sequence[str] | None = None, symbol: str = "c",
                    support_label: str = "|c\u00b7\u00fb|", children: str = "primary") -> Path:
-    """One row per image. images: N of (H, W) or (H, W, 3) uint8 (the display layout);
-    coupling_maps and support_maps (N, R, J, G, G) (from
-    :class:`capsnet.routing_trace.RoutingTrace`); scores (N, J) the class scores; titles: N
-    strings (red where ``wrong``); centres (G,) and field: the children's grid's receptive fields
-    (``RoutingTrace.children``); class_names (J,) name the capsules; ``symbol`` names the
-    couplings, ``support_label`` the support, ``children`` the layer of the grid."""
+    """One row per image: images N of (H, W[, 3]) uint8; coupling_maps, support_maps
+    (N, R, J, G, G) from :class:`capsnet.routing_trace.RoutingTrace`; scores (N, J); titles
+    (red where ``wrong``); centres (G,) and field of the children's grid."""
     N, R, J = coupling_maps.shape[:3]
     first = np.asarray(coupling_maps)[:, 0]  # (N, J, G, G) iteration 1's couplings
     first_uniform = bool(np.ptp(first) == 0)  # dynamic and inverted-attention routing: 1/J
@@ -125,10 +114,7 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
         draw_support_overlay(row[1], images[n], support, centres, field, support_norm)
         row[1].set_title(f"support for {_name(winner, class_names)}: {support_label} "
                          f"(iter. {R})", fontsize=8)
-        bar = fig.colorbar(ScalarMappable(support_norm, SUPPORT_CMAP), ax=row[1],
-                           fraction=0.05, pad=0.02)
-        bar.ax.tick_params(labelsize=6)
-        bar.set_label("sum over types", fontsize=6)
+        _colorbar(fig, support_norm, SUPPORT_CMAP, row[1], "sum over types", 0.05, 0.02)
 
         shown = [coupling_maps[n, r, winner] for r in range(R)] + [coupling_maps[n, -1, second]]
         spread = max(max(float(np.abs(m - uniform).max()) for m in shown), MIN_SPREAD)
@@ -143,10 +129,8 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
         row[-1].set_title(f"{symbol} to runner-up {_name(second, class_names)}, iter. {R}",
                           fontsize=8)
         row[-1].set_xlabel(f"mean {shown[-1].mean():.4f}", fontsize=7)
-        bar = fig.colorbar(ScalarMappable(norm, COUPLING_CMAP), ax=row[2:], fraction=0.02,
-                           pad=0.01)
-        bar.ax.tick_params(labelsize=6)
-        bar.set_label(f"coupling {symbol}, mean over types (1/{J} = uniform)", fontsize=6)
+        _colorbar(fig, norm, COUPLING_CMAP, row[2:],
+                  f"coupling {symbol}, mean over types (1/{J} = uniform)", 0.02, 0.01)
     fig.suptitle("Routing by agreement: where the winning class capsule's input comes from "
                  f"on the {children}-capsule grid (cells at their receptive-field centres; "
                  "dashed: the strongest cell's receptive field)", fontsize=9)
@@ -159,12 +143,8 @@ def routing_types_figure(images: Sequence[np.ndarray], type_maps: np.ndarray,
                          class_names: Sequence[str] | None = None, symbol: str = "c",
                          support_label: str = "|c\u00b7\u00fb|",
                          children: str = "primary") -> Path:
-    """The routing per capsule type, for children without a spatial grid (Efficient-
-    CapsNet's primary capsules at 28x28 sit on one 1x1 cell). One row per image: the
-    input; the couplings of every iteration as a (J classes x T types) matrix on a diverging
-    scale around 1/J, the winner's row framed; the last iteration's support per type.
-    type_maps and type_support (N, R, J, T) (``RoutingTrace.type_maps()``,
-    ``type_support()``); the rest as :func:`routing_figure`."""
+    """The routing per capsule type for a 1x1 grid: per image the input, each iteration's
+    (J x T) couplings and the last support per type; type_maps, type_support (N, R, J, T)."""
     N, R, J, T = type_maps.shape
     columns = 1 + R + 1  # input, R coupling matrices, support
     matrix_inches = max(PANEL_INCHES, PANEL_INCHES * T / J)
@@ -185,21 +165,24 @@ def routing_types_figure(images: Sequence[np.ndarray], type_maps: np.ndarray,
         for r, ax in enumerate(row[1:1 + R]):
             _draw_matrix(ax, type_maps[n, r], COUPLING_CMAP, norm, winner, names)
             ax.set_title(f"{symbol} per type, iteration {r + 1}", fontsize=8)
-        bar = fig.colorbar(ScalarMappable(norm, COUPLING_CMAP), ax=row[1:1 + R],
-                           fraction=0.03, pad=0.01)
-        bar.ax.tick_params(labelsize=6)
-        bar.set_label(f"{symbol} (1/{J} = uniform)", fontsize=6)
+        _colorbar(fig, norm, COUPLING_CMAP, row[1:1 + R], f"{symbol} (1/{J} = uniform)",
+                  0.03, 0.01)
         support = type_support[n, -1]  # (J, T)
         support_norm = Normalize(0.0, max(float(support.max()), MIN_SPREAD))
         _draw_matrix(row[-1], support, SUPPORT_CMAP, support_norm, winner, names)
         row[-1].set_title(f"support {support_label} (iter. {R})", fontsize=8)
-        bar = fig.colorbar(ScalarMappable(support_norm, SUPPORT_CMAP), ax=row[-1],
-                           fraction=0.05, pad=0.02)
-        bar.ax.tick_params(labelsize=6)
-        bar.set_label("sum over positions", fontsize=6)
+        _colorbar(fig, support_norm, SUPPORT_CMAP, row[-1], "sum over positions", 0.05, 0.02)
     fig.suptitle(f"Routing from the {children} capsules (columns: capsule types) to the class "
                  "capsules (rows; framed: the prediction)", fontsize=9)
     return save_figure(fig, path)
+
+
+def _colorbar(fig, norm: Normalize, cmap: str, ax, label: str, fraction: float,
+              pad: float) -> None:
+    """A colour bar of ``norm`` in ``cmap`` beside ``ax`` (or axes), labelled ``label``."""
+    bar = fig.colorbar(ScalarMappable(norm, cmap), ax=ax, fraction=fraction, pad=pad)
+    bar.ax.tick_params(labelsize=6)
+    bar.set_label(label, fontsize=6)
 
 
 def _draw_matrix(ax, values: np.ndarray, cmap: str, norm: Normalize, winner: int,

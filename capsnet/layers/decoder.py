@@ -6,11 +6,8 @@ from torch import nn
 
 
 class Decoder(nn.Module):
-    """Input poses (B, J, D) and the capsule(s) to keep (B,) or a mask (B, J).
-
-    Output images (B, C, H, W) in [0, 1]. All capsules but the kept one are zeroed,
-    so the decoder sees the whole (J * D)-vector, as in the paper's Figure 2.
-    """
+    """Poses (B, J, D) and the capsule to keep (B,) or a mask (B, J) -> images (B, C, H, W)
+    in [0, 1]; the other capsules are zeroed, as in the paper's Figure 2."""
 
     def __init__(self, num_caps: int, caps_dim: int, hidden: tuple[int, ...],
                  image_shape: tuple[int, int, int]):

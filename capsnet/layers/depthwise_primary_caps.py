@@ -10,14 +10,9 @@ from capsnet.squashing import exp_squash, full_precision
 
 
 class DepthwisePrimaryCaps(nn.Module):
-    """A ``kernel`` x ``kernel`` depthwise convolution (one filter per channel, with bias,
-    valid padding, stride 1), its output cut into capsules of ``dim`` channels.
-
-    Input (B, C, H, W). Output (B, H' * W' * C / dim, dim), ordered position-major (row,
-    column, channel group), as the public code's Keras ``Reshape`` of a channels-last map
-    orders them; at 28x28 the map is 1x1 and this is 128 channels -> 16 capsules of 8.
-    The convolution may run in bf16 under autocast; the capsules are squashed in float32.
-    """
+    """A ``kernel`` x ``kernel`` depthwise convolution (valid, stride 1) cut into capsules of
+    ``dim`` channels, squashed in float32.
+    (B, C, H, W) -> (B, H' * W' * C / dim, dim), position-major as the authors' Reshape."""
 
     def __init__(self, channels: int, dim: int, kernel: int):
         super().__init__()

@@ -15,16 +15,9 @@ CAPSULES_NDIM = 3  # (B, I, in_dim)
 
 
 class DigitCaps(nn.Module):
-    """Input u: (B, I, in_dim). Output: the ``router``'s :class:`Routed` — poses v
-    (B, J, out_dim), activations (B, J) (the class scores) and the couplings per iteration.
-
-    u_hat = W u is one einsum over named dimensions: W is never copied per example. Which
-    algorithm routes u_hat to the J capsules is the ``router``'s business (any
-    :class:`~capsnet.routing.Router`; :class:`capsnet.models.CapsNet` builds the one
-    its config names). Prediction vectors and routing run in float32, also under autocast.
-    ``in_caps`` is I (:meth:`PrimaryCaps.num_capsules`); :class:`LazyDigitCaps` reads it
-    from the first input instead.
-    """
+    """u (B, I, in_dim) -> the ``router``'s Routed: poses (B, J, out_dim), activations (B, J)
+    and couplings. u_hat = W u is one einsum (W never copied per example); float32 under
+    autocast. :class:`LazyDigitCaps` reads I from the first input."""
 
     def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, router: Router):
         super().__init__()
@@ -56,9 +49,7 @@ class DigitCaps(nn.Module):
 
 
 class LazyDigitCaps(LazyModuleMixin, DigitCaps):
-    """A :class:`DigitCaps` whose number of input capsules I is read from the first input
-    (as ``nn.LazyLinear`` reads its input features), then a plain DigitCaps. Run one batch
-    through the model before making its optimiser."""
+    """A :class:`DigitCaps` whose I is read from the first input, as ``nn.LazyLinear``."""
 
     cls_to_become = DigitCaps
     W: UninitializedParameter

@@ -1,16 +1,7 @@
-"""How a CapsNet's input images are presented to Conv1.
-
-The paper's MNIST model takes the pixels as they are, in [0, 1]: its images are dark with
-a few bright strokes, so most of Conv1's inputs are zero. Images with a dense, coloured
-ground (photos, own data) give every primary capsule the same large common part: in the
-first training steps all primary capsules saturate to nearly the same vector in every
-image, every class capsule gets the same length and the model sits at chance. Standardising
-each image (``input_norm='image'``) removes that common part: each channel's mean is
-subtracted and the image is divided by its standard deviation over all channels and pixels,
-floored at 1/sqrt(C*H*W) as tf.image.per_image_standardization does, so that a flat image
-stays finite. It has no parameters: checkpoints, exports and every command that runs the
-model apply it the same way, inside ``forward``.
-"""
+"""How a CapsNet's input images meet Conv1: as they are (the paper), or each image standardised
+(``input_norm='image'``: channel means removed, divided by the standard deviation floored at
+1/sqrt(C*H*W), as tf.image.per_image_standardization), so that a dense coloured ground does
+not saturate every primary capsule alike. No parameters; applied inside ``forward``."""
 from __future__ import annotations
 
 import math
@@ -31,8 +22,7 @@ def standardise_images(x: torch.Tensor) -> torch.Tensor:
 
 
 class InputNorm(nn.Module):
-    """``mode`` 'none' (the paper: the pixels as they are) or 'image'
-    (:func:`standardise_images`). Input and output (B, C, H, W)."""
+    """``mode`` 'none' or 'image' (:func:`standardise_images`). (B, C, H, W) -> (B, C, H, W)."""
 
     def __init__(self, mode: str = "none"):
         super().__init__()

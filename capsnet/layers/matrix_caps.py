@@ -1,12 +1,9 @@
-"""Matrix capsule layers (Hinton, Sabour & Frosst 2018, section 3-4): primary capsules,
-convolutional capsules and class capsules with coordinate addition, routed by EM.
+"""Matrix capsule layers (Hinton, Sabour & Frosst 2018): primary, convolutional and class
+capsules with coordinate addition, routed by EM.
 
-A capsule layer's output is a grid of poses (B, H, W, T, 16), each a 4x4 matrix flattened
-row-major, and activations (B, H, W, T) in [0, 1]. Capsule (y, x, t) has the global index
-(y W + x) T + t: the index ``children`` holds for the routing. A vote is the child's pose
-times a learned 4x4 transformation, V_ij = M_i W_ij; transformations are shared across
-positions (convolutional), and the votes and the routing run in float32 under autocast.
-"""
+A layer's output is poses (B, H, W, T, 16) (4x4 row-major) and activations (B, H, W, T);
+capsule (y, x, t) has the global index (y W + x) T + t. Votes are V_ij = M_i W_ij with W
+shared across positions; votes and routing run in float32 under autocast."""
 from __future__ import annotations
 
 import math
@@ -30,11 +27,8 @@ ROW_SLOT, COLUMN_SLOT = POSE_SIDE - 1, 2 * POSE_SIDE - 1
 
 
 class PrimaryMatrixCaps(nn.Module):
-    """A 1x1 convolution giving, at each position, ``types`` capsules: 16 linear pose
-    units and one logistic activation unit each.
-
-    Input (B, C_in, H, W). Output poses (B, H, W, types, 16), activations (B, H, W, types),
-    float32 (the convolution may run in bf16 under autocast)."""
+    """A 1x1 convolution giving ``types`` capsules a position (16 pose units, one logistic
+    activation). (B, C_in, H, W) -> poses (B, H, W, types, 16), activations (B, H, W, types)."""
 
     def __init__(self, in_channels: int, types: int):
         super().__init__()
@@ -51,16 +45,14 @@ class PrimaryMatrixCaps(nn.Module):
 
     @torch.no_grad()
     def scale_poses(self, factor: float) -> None:
-        """Multiply every pose unit (weights and bias of the first types x 16 output
-        channels) by ``factor``; the activation units are left as they are."""
+        """Multiply the pose units' weights and biases by ``factor``."""
         pose_channels = self.types * POSE_SIZE
         self.conv.weight[:pose_channels] *= factor
         self.conv.bias[:pose_channels] *= factor
 
 
 def window_children(grid: int, kernel: int, stride: int, types: int) -> torch.Tensor:
-    """Global child index of every slot of every window: (G'^2, kernel^2 types), where
-    output position (y, x) slot (ky, kx, t) holds child ((y s + ky) grid + x s + kx) T + t."""
+    """Global child index of every window slot: (G'^2, kernel^2 types)."""
     out = (grid - kernel) // stride + 1
     start = torch.arange(out) * stride  # (G',) first row (column) of each window
     offset = torch.arange(kernel)  # (k,)
@@ -72,14 +64,10 @@ def window_children(grid: int, kernel: int, stride: int, types: int) -> torch.Te
 
 
 class ConvMatrixCaps(nn.Module):
-    """Convolutional capsules: each of the ``out_types`` parents at each position receives
-    votes from the kernel x kernel x ``in_types`` children in its window, one transformation
-    per (kernel offset, child type, parent type), shared across positions; EM routing with
-    each child's assignments normalised over all its parents, at every position.
-
-    Input poses (B, G, G, T_in, 16), activations (B, G, G, T_in). Output poses
-    (B, G', G', T_out, 16), activations (B, G', G', T_out), G' = (G - kernel) // stride + 1.
-    :meth:`route` returns the routing itself (couplings included)."""
+    """Convolutional capsules: each parent gets votes from the kernel x kernel x ``in_types``
+    children of its window, transformations shared across positions; EM routing normalises
+    each child's assignments over all its parents.
+    (B, G, G, T_in, 16), (B, G, G, T_in) -> (B, G', G', T_out, 16), (B, G', G', T_out)."""
 
     def __init__(self, in_types: int, out_types: int, kernel: int, stride: int, grid: int,
                  iterations: int = 3, final_lambda: float = FINAL_LAMBDA):
@@ -124,14 +112,9 @@ class ConvMatrixCaps(nn.Module):
 
 
 class ClassCapsules(nn.Module):
-    """One capsule per class, fed by every capsule of the last convolutional layer: one
-    transformation per (child type, class), shared across positions, with Coordinate
-    Addition (section 4: the scaled row and column of the centre of each child's receptive
-    field are added to the first two elements of the right-hand column of its votes).
-
-    ``coordinates``: (G,) the scaled centre of each row (= column) of the child grid.
-    Input poses (B, G, G, T, 16), activations (B, G, G, T). Output poses (B, classes, 16),
-    activations (B, classes). :meth:`route` returns the routing (couplings included)."""
+    """One capsule per class from every capsule of the last convolutional layer, one
+    transformation per (child type, class), with Coordinate Addition of ``coordinates`` (G,).
+    (B, G, G, T, 16), (B, G, G, T) -> poses (B, classes, 16), activations (B, classes)."""
 
     def __init__(self, in_types: int, num_classes: int, coordinates: tuple[float, ...],
                  iterations: int = 3, final_lambda: float = FINAL_LAMBDA):

@@ -12,14 +12,8 @@ FEATURE_MAP_NDIM = 4  # (B, C, H, W)
 
 
 class PrimaryCaps(nn.Module):
-    """``types`` capsule types of ``dim`` dimensions on a conv grid, squashed.
-
-    Input (B, C_in, H, W), any H and W of at least ``kernel``. Output
-    (B, types * H' * W', dim): one row per capsule, ordered type-major (type, row, column),
-    as in the paper's 32 x 6 x 6 = 1152; :meth:`num_capsules` gives the count for an input
-    size. The convolution may run in bf16 under autocast; the capsules are squashed in
-    float32.
-    """
+    """``types`` capsule types of ``dim`` dimensions on a conv grid, squashed in float32.
+    (B, C_in, H, W) -> (B, types * H' * W', dim), type-major (the paper's 32 x 6 x 6 = 1152)."""
 
     def __init__(self, in_channels: int, types: int, dim: int, kernel: int, stride: int):
         super().__init__()
@@ -33,8 +27,7 @@ class PrimaryCaps(nn.Module):
                 conv_output_size(width, self.kernel, self.stride))
 
     def num_capsules(self, height: int, width: int | None = None) -> int:
-        """Capsules out for input maps of height x width (square if no width): the
-        ``in_caps`` of the DigitCaps after this layer (1152 for the paper's 20 x 20)."""
+        """Capsules out for height x width input maps: the next DigitCaps' ``in_caps``."""
         rows, columns = self.grid(height, height if width is None else width)
         if rows < 1 or columns < 1:
             raise ValueError(f"PrimaryCaps with kernel {self.kernel} needs input maps of at "

@@ -17,10 +17,7 @@ from capsnet.routing import capsnet_routers, router_class
 
 @dataclass(frozen=True)
 class CapsNetConfig(NormalisedDataConfig):
-    """The CapsNet of Sabour, Frosst & Hinton (2017), Figure 1 and 2.
-
-    Defaults are the paper's; the ``small`` preset shrinks the widths for tests.
-    """
+    """The CapsNet of Sabour, Frosst & Hinton (2017), Figures 1 and 2; defaults are the paper's."""
 
     conv1_channels: int = 256
     conv1_kernel: int = 9
@@ -61,8 +58,7 @@ class CapsNetConfig(NormalisedDataConfig):
 
     @property
     def smallest_image_size(self) -> int:
-        """The smallest input side with a 1x1 primary grid: Conv1's kernel, then one
-        PrimaryCaps kernel of Conv1 positions (17 for the paper's 9 and 9 at stride 1)."""
+        """The smallest input side with a 1x1 primary grid (17 for the paper's kernels)."""
         return self.conv1_kernel + (self.primary_kernel - 1) * self.conv1_stride
 
     @property
@@ -88,16 +84,12 @@ class CapsuleOutput(NamedTuple):
 
 
 class CapsNet(nn.Module):
-    """Input images (B, C, H, W) scaled to [0, 1]; output :class:`CapsuleOutput`.
-    ``config.input_norm`` says how they meet Conv1; the decoder reconstructs them as given.
+    """Input images (B, C, H, W) in [0, 1]; output :class:`CapsuleOutput`.
 
-    ``config.routing`` names the routing algorithm (:data:`capsnet.routing.ROUTERS`);
-    its activations are the class scores (``lengths``: |v| for the paper's dynamic routing).
-    The decoder is fed the poses masked by ``labels`` when given (training), else by
-    the highest-scoring capsule (inference). ``compute_dtype`` (None: float32; set by
-    :func:`capsnet.tuning.apply_plan`) is the autocast dtype of the convolutions and the
-    decoder; routing and squash run in float32 and every output is float32.
-    """
+    ``config.routing`` names the router (its activations are the class scores); the decoder
+    gets the poses masked by ``labels`` (training) or by the best capsule (inference).
+    ``compute_dtype`` (None: float32) is the autocast dtype of the convolutions and the
+    decoder; routing and squash run in float32, every output is float32."""
 
     def __init__(self, config: CapsNetConfig = CapsNetConfig()):
         super().__init__()
@@ -141,8 +133,7 @@ ROUTER_OPTIONS = {"routing_iterations": "iterations", "routing_full_graph": "ful
 
 
 def check_routing(values: dict, given: set[str]) -> None:
-    """ConfigError for a router CapsNet cannot hold, or a routing option given for a
-    router without it (self-attention routing has no iterations)."""
+    """ConfigError for a router CapsNet cannot hold or an option its router lacks."""
     routing = values["routing"]
     if routing not in capsnet_routers():
         raise ConfigError(f"unknown routing {routing!r} for capsnet; choose from "
@@ -157,8 +148,7 @@ def check_routing(values: dict, given: set[str]) -> None:
 
 
 def routing_view(config: CapsNetConfig) -> Children:
-    """The primary capsules, type-major i = (type, row, column): centres 8, 10, ..., 18 and
-    fields of 17 pixels for 28x28 (Conv1 and PrimaryCaps at the paper's strides)."""
+    """The primary capsules, type-major i = (type, row, column), and their receptive fields."""
     layers = ((config.conv1_kernel, config.conv1_stride),
               (config.primary_kernel, config.primary_stride))
     return Children(config.primary_types, config.primary_grid, TYPE_MAJOR,

@@ -17,10 +17,8 @@ CNN_DECODERS = ("none", "plain", "class-conditional")
 
 @dataclass(frozen=True)
 class CNNConfig(DataConfig):
-    """The paper's baseline CNN: three 5x5 conv layers, FC 328, FC 192, dropout.
-
-    ``pool`` > 1 max-pools by that factor after every convolution (the paper's CNN has no
-    pooling; the ``tiny`` preset, a plain small CNN, pools by 2)."""
+    """The paper's baseline CNN: three 5x5 convolutions, FC 328, FC 192, dropout; ``pool`` > 1
+    max-pools after every convolution (the ``tiny`` preset)."""
 
     conv_channels: tuple[int, ...] = (256, 256, 128)
     conv_kernel: int = 5
@@ -55,11 +53,7 @@ class CNNOutput(NamedTuple):
 
 
 class CNNBaseline(nn.Module):
-    """Three 'same'-padded 5x5 conv layers with ReLU (each max-pooled when ``config.pool``
-    > 1), then FC 328 -> FC 192 -> classes, with dropout before the last layer. Input
-    (B, C, H, W); output logits (B, classes), float32. ``compute_dtype`` (None: float32) is
-    the autocast dtype of the whole network; the convolutions' implementation is chosen
-    like CapsNet's (:mod:`capsnet.tuning`)."""
+    """(B, C, H, W) -> logits (B, classes), float32; ``compute_dtype`` is the autocast dtype."""
 
     def __init__(self, config: CNNConfig = CNNConfig()):
         super().__init__()
@@ -119,10 +113,7 @@ ENTRY = ModelEntry(
         "cifar10": {},
         "svhn": {},
     },
-    # The wide CNN baselines do not learn at the paper's 1e-3: the 'half' CNN on the
-    # affNIST canvas (102,400 inputs to its first FC layer; the paper-width CNN has 100,352
-    # at 28x28) ended its first epoch at loss 2.303 = ln 10, chance accuracy; at 1e-4 it
-    # learns. The 'small' and 'tiny' CNNs (6,272 and 1,568 inputs) learn at 1e-3.
+    # The wide CNNs stay at chance at the paper's 1e-3; the 'small' and 'tiny' ones learn.
     lr=1e-4,
     preset_lr={"small": 1e-3, "tiny": 1e-3},
     scores="probabilities",

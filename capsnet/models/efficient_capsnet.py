@@ -1,15 +1,7 @@
-"""Efficient-CapsNet (Mazzia, Salvetti & Chiaberge 2021, Sci. Rep. 11:14634, Fig. 2):
-convolutions -> depthwise primary capsules -> self-attention routing -> class capsules ->
-decoder.
-
-Follows the public code (EscVM/Efficient-CapsNet, models/efficient_capsnet_graph_mnist.py
-and utils/layers.py) layer for layer: each convolution is followed by ReLU and then
-BatchNorm (Keras ``Conv2D(activation='relu')`` then ``BatchNormalization()``, with Keras'
-BatchNorm constants), the initialisations are Keras' (He normal for the convolutions, W and
-the decoder's hidden layers, Glorot uniform for the depthwise convolution, Glorot normal for
-the decoder's output layer, zero biases), and the decoder is the FC 512-1024-pixels net fed
-the class capsules masked by the label (training) or the longest capsule (inference).
-"""
+"""Efficient-CapsNet (Mazzia, Salvetti & Chiaberge 2021, Fig. 2): convolutions -> depthwise
+primary capsules -> self-attention routing -> class capsules -> decoder, layer for layer as
+the authors' code (ReLU then BatchNorm with Keras' constants, Keras' initialisations, the FC
+512-1024 decoder fed the capsules masked by the label or the longest capsule)."""
 from __future__ import annotations
 
 import math
@@ -21,7 +13,7 @@ from torch import nn
 from capsnet.config import DataConfig, conv_output_size, stack_fields
 from capsnet.layers import Decoder, GemmConv2d, full_precision
 from capsnet.layers.depthwise_primary_caps import DepthwisePrimaryCaps
-from capsnet.models.capsnet import SMALL, CapsuleOutput
+from capsnet.models.capsnet import SMALL, CapsNet
 from capsnet.models.entry import POSITION_MAJOR, Children, ClassRouting, ModelEntry
 from capsnet.models.precision import autocast_to
 from capsnet.routing import SelfAttentionRouter
@@ -37,12 +29,9 @@ TRUNCATED_NORMAL_STD = 0.87962566103423978
 
 @dataclass(frozen=True)
 class EfficientCapsNetConfig(DataConfig):
-    """Efficient-CapsNet (Mazzia, Salvetti & Chiaberge 2021, Sci. Rep. 11:14634), the MNIST
-    model of the public code (EscVM/Efficient-CapsNet, models/efficient_capsnet_graph_mnist.py):
-    valid convolutions with ReLU and BatchNorm, a depthwise ``primary_kernel`` convolution
-    cut into ``primary_dim``-D primary capsules, self-attention routing to ``digit_dim``-D
-    class capsules, and the FC reconstruction decoder. 161,824 parameters without the
-    decoder for 28x28 grey images (16 primary capsules, derived from the sizes)."""
+    """Efficient-CapsNet's MNIST model: valid convolutions with ReLU and BatchNorm, a depthwise
+    ``primary_kernel`` convolution cut into ``primary_dim``-D capsules, self-attention
+    routing to ``digit_dim``-D class capsules, the FC decoder (161,824 parameters without)."""
 
     conv_channels: tuple[int, ...] = (32, 64, 64, 128)
     conv_kernels: tuple[int, ...] = (5, 3, 3, 3)
@@ -96,8 +85,7 @@ class EfficientCapsNetConfig(DataConfig):
 
 
 def keras_truncated_normal_(tensor: torch.Tensor, variance: float) -> torch.Tensor:
-    """Fill ``tensor`` as Keras' VarianceScaling(distribution='truncated_normal') does:
-    a normal of standard deviation sqrt(variance) / 0.8796 cut at two of those."""
+    """Keras' VarianceScaling truncated normal: std sqrt(variance) / 0.8796, cut at two stds."""
     std = math.sqrt(variance) / TRUNCATED_NORMAL_STD
     with torch.no_grad():
         return nn.init.trunc_normal_(tensor, 0.0, std, -2 * std, 2 * std)
@@ -109,8 +97,7 @@ def he_normal_(tensor: torch.Tensor, fan_in: int) -> torch.Tensor:
 
 
 class ConvReLUBN(nn.Module):
-    """A valid convolution, ReLU, then BatchNorm (the public code's order).
-    Input (B, C_in, H, W). Output (B, C_out, H', W')."""
+    """A valid convolution, ReLU, then BatchNorm. (B, C_in, H, W) -> (B, C_out, H', W')."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel: int, stride: int):
         super().__init__()
@@ -122,11 +109,8 @@ class ConvReLUBN(nn.Module):
 
 
 class SelfAttentionCaps(nn.Module):
-    """A fully connected capsule layer: predictions u_hat_j|i = W_ij^T u_i by one einsum,
-    then self-attention routing. W: (I, J, in_dim, out_dim) (16, 10, 8, 16 for MNIST).
-
-    Input u: (B, I, in_dim). Output :class:`~capsnet.routing.Routed` with poses
-    (B, J, out_dim). Predictions and routing run in float32, also under autocast."""
+    """A fully connected capsule layer: u_hat = W^T u by one einsum, W (I, J, in_dim, out_dim),
+    then self-attention routing in float32. u (B, I, in_dim) -> Routed, poses (B, J, out_dim)."""
 
     def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int):
         super().__init__()
@@ -149,14 +133,9 @@ class SelfAttentionCaps(nn.Module):
 
 
 class EfficientCapsNet(nn.Module):
-    """Input images (B, C, H, W) scaled to [0, 1]; output :class:`CapsuleOutput`, as
-    CapsNet's, so training, evaluation, prediction, losses and metrics treat both alike.
-
-    The decoder is fed the class capsules masked by ``labels`` when given (training), else
-    by the longest capsule (inference). ``compute_dtype`` (None: float32; set by
-    :func:`capsnet.tuning.apply_plan`) is the autocast dtype of the convolutions and the
-    decoder; predictions, routing and squash run in float32 and every output is float32.
-    """
+    """Images (B, C, H, W) in [0, 1] -> :class:`CapsuleOutput`, as CapsNet's. The decoder gets
+    the capsules masked by ``labels`` or the longest one; ``compute_dtype`` is the autocast
+    dtype of convolutions and decoder; routing and squash run in float32."""
 
     def __init__(self, config: EfficientCapsNetConfig = EfficientCapsNetConfig()):
         super().__init__()
@@ -199,15 +178,7 @@ class EfficientCapsNet(nn.Module):
         u_hat, routed = self.class_caps.route(u)  # (B, 10, 16, 16), Routed
         return ClassRouting(u, u_hat, None, routed, self.class_caps.router)
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
-        routed = self.forward_routing(x).routed
-        v, lengths = routed.poses, routed.activations  # (B, 10, 16), (B, 10)
-        reconstructions = None
-        if self.decoder is not None:
-            with autocast_to(x.device, self.compute_dtype):
-                keep = labels if labels is not None else lengths.argmax(dim=-1)  # (B,)
-                reconstructions = full_precision(self.decoder(v, keep))  # (B, 1, 28, 28)
-        return CapsuleOutput(lengths, v, reconstructions)
+    forward = CapsNet.forward  # the same: class capsules, then the decoder of the masked poses
 
 
 def routing_view(config: EfficientCapsNetConfig) -> Children:
@@ -226,23 +197,12 @@ ENTRY = ModelEntry(
     # "lr": 5e-4 in the public code's config.json.
     lr=5e-4,
     recipes={
-        # The MNIST recipe of the authors' public code (EscVM/Efficient-CapsNet):
-        # config.json (commit b7b5d3b) "lr": 5e-4, "lr_dec": 0.97, "batch_size": 16,
-        # "epochs": 150; utils/tools.py lines 19-23, learn_scheduler: lr * lr_dec ** epoch,
-        # but never below 5e-5 (the floor from the 77th epoch on), set per epoch by Keras'
-        # LearningRateScheduler (line 32); no warm-up, no moving average;
-        # utils/pre_process_mnist.py (commit d058a28) lines 113-122: rotation, shift into
-        # the margins, squeeze and erasing (capsnet/data/augment_efficient.py). Its
-        # "lmd_gen": 0.392 on Keras' per-pixel mean is capsnet's reconstruction weight 0.0005.
+        # The authors' MNIST recipe (EscVM/Efficient-CapsNet config.json and utils/tools.py):
+        # lr * 0.97 ** epoch, never below 5e-5, batch 16, 150 epochs, their augmentation.
         "paper": {"epochs": 150, "batch_size": 16, "lr_decay": 0.97, "min_lr": 5e-5,
                   "augment": "efficient"},
-        # The fast recipe's ingredients at this model's rate: a peak of 3 x 5e-4 and the
-        # floor scaled alike (1e-5 x 5e-4 / 1e-3), batch 128; 25 epochs of the authors'
-        # augmentation. With CapsNet's 2-pixel shifts for 15 epochs the small model fit
-        # its training images to 99.9% while validation stayed at 99.50-99.59% (seeds 1-3
-        # tested 99.58%, 99.60%, 99.54%); the stronger augmentation over 25 epochs, chosen
-        # on seed 1's validation only (99.60%), tested 99.64%, 99.65%, 99.55% on seeds 1-3
-        # (mean 99.61%, ensemble 99.66%; docs/models-efficient.md, "The fast recipe, measured").
+        # The fast recipe at this model's rate, floor scaled alike, 25 epochs of the authors'
+        # augmentation (docs/models-efficient.md, "The fast recipe, measured").
         "fast": {"epochs": 25, "min_lr": 5e-6, "augment": "efficient"},
     },
     routing_view=routing_view,

@@ -17,16 +17,10 @@ from capsnet.models.precision import autocast_to
 
 @dataclass(frozen=True)
 class EMCapsNetConfig(NormalisedDataConfig):
-    """The matrix-capsule network of Hinton, Sabour & Frosst (2018), section 4 (smallNORB):
-    ReLU Conv1 (5x5, stride 2, A channels) -> PrimaryCaps (1x1, B types of 4x4 poses and
-    sigmoid activations) -> ConvCaps1 (3x3, stride 2, C types) -> ConvCaps2 (3x3, stride 1,
-    D types) -> one class capsule per class (transformations shared over positions,
-    coordinate addition), EM routing between capsule layers, spread loss.
-
-    Defaults are the paper's A = B = C = D = 32 with valid (unpadded) convolutions; on
-    28x28 inputs the grids are 12, 12, 5 and 3. The ``small`` preset (A=64, B=8, C=D=16,
-    as in IBM/matrix-capsules-with-em-routing config.py) trains on a CPU.
-    """
+    """The matrix-capsule network of Hinton, Sabour & Frosst (2018), section 4: ReLU Conv1
+    (5x5, stride 2, A) -> PrimaryCaps (1x1, B types) -> ConvCaps1 (3x3, stride 2, C) ->
+    ConvCaps2 (3x3, stride 1, D) -> class capsules with coordinate addition; EM routing,
+    spread loss. Defaults are the paper's A = B = C = D = 32; ``small`` trains on a CPU."""
 
     conv1_channels: int = 32  # A
     conv1_kernel: int = 5
@@ -81,35 +75,29 @@ class EMCapsNetConfig(NormalisedDataConfig):
 
     @property
     def class_coordinates(self) -> tuple[float, ...]:
-        """Coordinate addition: the centre of the receptive field of each row (= column) of
-        ConvCaps2's grid, in pixels, scaled by the image size to (0, 1)."""
+        """Each ConvCaps2 row's receptive-field centre, scaled by the image size to (0, 1)."""
         centres, _ = stack_fields(self.layers, self.caps2_grid)
         return tuple((centre + 0.5) / self.image_size for centre in centres)  # pixel centre
 
 
 class MatrixCapsuleOutput(NamedTuple):
-    """What :class:`EMCapsNet` returns: the class capsules' activations a_j in [0, 1] (the
-    class scores) and their 4x4 poses flattened. No reconstructions: the model has no
-    decoder. ``loss_name`` tells capsnet.losses.model_loss (which imports no model) to train
-    it with the spread loss."""
+    """The class capsules' activations (the class scores) and flattened 4x4 poses; no
+    reconstructions. ``loss_name`` picks the spread loss in capsnet.losses."""
 
     activations: torch.Tensor  # (B, J) a_j, the class scores
     poses: torch.Tensor  # (B, J, 16) the class capsules' 4x4 poses, row-major
     loss_name = "spread"  # a class attribute, not a field
 
 
-# The primary poses' root mean square after the data-dependent initialisation
-# (:meth:`EMCapsNet.initialise_from_data`): unit-scale poses give votes whose variances are
-# not tiny, and EM routing's E-steps divide by those variances (docs/models-em.md,
-# "Initialisation").
+# The primary poses' RMS after :meth:`EMCapsNet.initialise_from_data`: unit-scale poses keep
+# the votes' variances, which the E-steps divide by, from being tiny (docs/models-em.md).
 PRIMARY_POSE_RMS = 1.0
 
 
 class EMCapsNet(nn.Module):
-    """Input images (B, C, H, W) scaled to [0, 1]; output :class:`MatrixCapsuleOutput`.
-    ``compute_dtype`` (None: float32) is the autocast dtype of the two convolutions; votes
-    and EM routing run in float32. ``labels`` is accepted (the training loop passes them)
-    and unused: the model has no decoder."""
+    """Input images (B, C, H, W) in [0, 1]; output :class:`MatrixCapsuleOutput`.
+    ``compute_dtype`` is the convolutions' autocast dtype; votes and routing run in float32.
+    ``labels`` is accepted and unused (no decoder)."""
 
     def __init__(self, config: EMCapsNetConfig = EMCapsNetConfig()):
         super().__init__()
@@ -129,9 +117,8 @@ class EMCapsNet(nn.Module):
 
     @torch.no_grad()
     def initialise_from_data(self, images: torch.Tensor) -> str:
-        """Scale the primary capsules' pose units so that the poses of ``images`` (B, C, H, W)
-        in [0, 1] have the root mean square PRIMARY_POSE_RMS; the training run calls it once
-        on a fresh model (never on a resumed one). Returns what it did, for the log."""
+        """Scale the primary pose units so that the poses of ``images`` have RMS
+        PRIMARY_POSE_RMS (a fresh model only); returns what it did, for the log."""
         with torch.autocast(device_type=images.device.type, enabled=False):
             h = torch.relu(self.conv1(self.input_norm(images)))  # (B, A, 12, 12)
             poses, _ = self.primary_caps(h)  # (B, 12, 12, B_types, 16)
@@ -143,8 +130,7 @@ class EMCapsNet(nn.Module):
                 f"{rms:.3g} -> {PRIMARY_POSE_RMS:g} on {len(images)} training images)")
 
     def forward_routing(self, x: torch.Tensor) -> ClassRouting:
-        """Conv1 -> PrimaryCaps -> ConvCaps1 -> ConvCaps2 -> the class capsules' votes and
-        EM routing."""
+        """Conv1 -> PrimaryCaps -> ConvCaps1 -> ConvCaps2 -> class votes and EM routing."""
         with autocast_to(x.device, self.compute_dtype):
             h = torch.relu(self.conv1(self.input_norm(x)))  # (B, 32, 12, 12)
             poses, a = self.primary_caps(h)  # (B, 12, 12, 32, 16), (B, 12, 12, 32) float32
@@ -160,8 +146,7 @@ class EMCapsNet(nn.Module):
 
 
 def routing_view(config: EMCapsNetConfig) -> Children:
-    """ConvCaps2's capsules, position-major i = (row, column, type): where the classes
-    compete (the convolutional capsule layers below route too)."""
+    """ConvCaps2's capsules, position-major i = (row, column, type)."""
     return Children(config.caps2_types, config.caps2_grid, POSITION_MAJOR,
                     *stack_fields(config.layers, config.caps2_grid), "ConvCaps2", "activation")
 
@@ -174,17 +159,10 @@ ENTRY = ModelEntry(
     presets={"paper": {},
              "small": {"conv1_channels": 64, "primary_types": 8, "caps1_types": 16,
                        "caps2_types": 16}},
-    # Adam at 3e-3, the authors' answer on OpenReview ("We use an exponential decay with
-    # learning rate: 3e-3, decay_steps: 20000, decay rate: 0.96",
-    # https://openreview.net/forum?id=HJWLfGWRb, quoted in IBM/matrix-capsules-with-em-routing
-    # train_val.py, whose config.py uses it too).
+    # Adam at 3e-3, the authors' answer on OpenReview (https://openreview.net/forum?id=HJWLfGWRb).
     lr=3e-3,
-    # The fast recipe at EM's own rate: a peak of 3e-3 (lr_scale 1), not 3 x 3e-3 (Adam at
-    # 1e-2 did not learn faster, docs/models-em.md), warm-up, cosine to 1e-5 and the EMA as
-    # CapsNet's over 15 epochs. The spread loss's margin grows over the run, so a short run
-    # grows it too fast: planned for 6 epochs the small model with 2 iterations reached
-    # validation 97.36%; planned for 15, 98.16% at epoch 6 (docs/models-em.md, "The fast
-    # recipe, planned for 15 epochs"); chosen on validation only.
+    # The fast recipe at EM's own peak rate (docs/models-em.md, "The fast recipe, planned
+    # for 15 epochs").
     recipes={"fast": {"lr_scale": 1.0}},
     routing_view=routing_view,
     initialise=EMCapsNet.initialise_from_data,

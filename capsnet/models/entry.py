@@ -1,7 +1,6 @@
-"""What the registry (:mod:`capsnet.models.registry`) knows of a model, declared in the
-model's own file: its config, presets, training defaults, and how its routing is viewed,
-exported and initialised from data. Also the two things a capsule model's forward hands to
-tools that look inside it: :class:`ClassRouting` and :class:`Children`."""
+"""What the registry knows of a model, declared in its file (config, presets, training
+defaults, routing view, export, data initialisation), and what a capsule model's forward
+hands to tools that look inside it: :class:`ClassRouting` and :class:`Children`."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -45,10 +44,8 @@ class ModelEntry:
 
 @dataclass(frozen=True)
 class Children:
-    """The children of a model's class-capsule layer: ``types`` capsule types on a G x G
-    grid, flattened ``order`` (TYPE_MAJOR or POSITION_MAJOR), each grid row/column's
-    receptive-field centre in input pixels and the field's side, the layer's name and
-    what a child's strength is ('length' of a vector capsule or 'activation')."""
+    """The children of the class-capsule layer: ``types`` on a G x G grid in ``order``,
+    each row/column's receptive-field centre and side, the layer's name and strength kind."""
 
     types: int
     grid: int
@@ -66,8 +63,7 @@ class Children:
 
 
 class ClassRouting(NamedTuple):
-    """A capsule model's forward up to its class capsules (``forward_routing``): what the
-    forward goes on from, and what a routing trace reads. Float32."""
+    """A capsule model's forward up to its class capsules (``forward_routing``), float32."""
 
     children: torch.Tensor  # (B, I, D) vector capsules; EM: its (B, I) activations
     votes: torch.Tensor  # (B, J, I, D) each child's vote for each class capsule

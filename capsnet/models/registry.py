@@ -1,12 +1,5 @@
-"""The one registry of models: a plain dict, one line per model, each entry declared in
-its model's file (:class:`~capsnet.models.entry.ModelEntry`). Adding a model is its file
-and one line in :data:`MODELS`.
-
-    >>> from capsnet.models.registry import make_config
-    >>> make_config("em", "small", routing_iterations=2)
-
-Models by one name, fresh or trained, are :mod:`capsnet.hub`'s ``create_model``.
-"""
+"""The one registry of models: a plain dict, one line per model, each entry declared in its
+model's file. ``make_config("em", "small", routing_iterations=2)``."""
 from __future__ import annotations
 
 from torch import nn
@@ -40,9 +33,8 @@ def preset_names() -> list[str]:
 
 
 def check_options(model: str, preset: str = PAPER, **options) -> None:
-    """ConfigError naming the valid choices for an unknown model or preset, an option the
-    model does not have, or one it cannot honour with the others (e.g. a routing option its
-    router does not take). The values themselves are checked when the config is made."""
+    """ConfigError naming the valid choices for an unknown model or preset, or an option
+    the model lacks or cannot honour with the others."""
     entry = model_entry(model)
     if preset not in entry.presets:
         raise ConfigError(f"unknown preset {preset!r} for {model}; choose from "
@@ -54,15 +46,13 @@ def check_options(model: str, preset: str = PAPER, **options) -> None:
 
 
 def make_config(model: str, preset: str = PAPER, **overrides):
-    """Config for ``model`` from a named preset plus ``overrides``, checked strictly
-    (:func:`check_options`)."""
+    """Config for ``model`` from a named preset plus ``overrides``, checked strictly."""
     check_options(model, preset, **overrides)
     return MODELS[model].config(**{**MODELS[model].presets[preset], **overrides})
 
 
 def config_from_dict(model: str, values: dict):
-    """The config a checkpoint saved (capsnet.config.config_to_dict); unknown keys are an
-    error."""
+    """The config a checkpoint saved; unknown keys are an error."""
     entry = model_entry(model)
     check_known(model, entry.config, values)
     return entry.config(**values)

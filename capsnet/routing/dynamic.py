@@ -11,8 +11,7 @@ from capsnet.squashing import full_precision, squash
 
 
 class RoutingStep(NamedTuple):
-    """One routing iteration: the couplings it used, the outputs it made and the agreement
-    those outputs earned (None after the last iteration, which updates nothing)."""
+    """One iteration's couplings, outputs and agreement (None after the last)."""
 
     c: torch.Tensor | None  # (B, J, I) couplings; None for the uniform first iteration (1/J)
     v: torch.Tensor  # (B, J, D) output capsules
@@ -20,9 +19,8 @@ class RoutingStep(NamedTuple):
 
 
 def couplings(b: torch.Tensor, none_of_the_above: bool = False) -> torch.Tensor:
-    """c = softmax of the logits b (B, J, I) over the J outputs. With
-    ``none_of_the_above`` the softmax has one more category whose logit is always zero
-    (the paper's section 7): c then sums to less than 1, the rest is routed nowhere."""
+    """c = softmax over the J outputs of b (B, J, I); ``none_of_the_above`` adds a zero-logit
+    category (the paper's section 7), so c sums to less than 1."""
     if not none_of_the_above:
         return torch.softmax(b, dim=1)  # (B, J, I), sums to 1 over J
     leak = torch.zeros_like(b[:, :1])  # (B, 1, I)
@@ -30,25 +28,17 @@ def couplings(b: torch.Tensor, none_of_the_above: bool = False) -> torch.Tensor:
 
 
 def uniform_share(outputs: int, none_of_the_above: bool = False) -> float:
-    """The first iteration's coupling, the softmax of all-zero logits: 1/J (1/(J+1) with
-    the none-of-the-above category)."""
+    """The first iteration's coupling: 1/J (1/(J+1) with none-of-the-above)."""
     return 1.0 / (outputs + 1 if none_of_the_above else outputs)
 
 
 def routing_steps(u_hat: torch.Tensor, iterations: int, full_graph: bool = False,
                   none_of_the_above: bool = False) -> Iterator[RoutingStep]:
-    """Procedure 1, one :class:`RoutingStep` per iteration: route the predictions ``u_hat``
-    (B, J, I, D) of the I input capsules for the J output capsules by agreement.
+    """Procedure 1, one :class:`RoutingStep` per iteration, for u_hat (B, J, I, D).
 
-    u_hat is laid out output-major so that both contractions over I and D are plain batched
-    matrix products over (B, J). The logits b start at zero for every example (never shared
-    across the batch), so the first couplings are uniform, c = 1/J, and that softmax is
-    skipped; later couplings are a softmax over the J output capsules; b grows by the
-    agreement u_hat . v. Unless ``full_graph``, gradients flow through the last iteration
-    only (the earlier iterations see a detached u_hat), as in most reference code.
-    ``none_of_the_above`` adds the paper's extra routing category (:func:`couplings`).
-    Runs in float32 (or float64) even under autocast.
-    """
+    b starts at zero per example (first couplings uniform, softmax skipped) and grows by
+    u_hat . v. Unless ``full_graph``, gradients flow through the last iteration only.
+    Runs in float32 (or float64) under autocast."""
     device_type = u_hat.device.type
     with torch.autocast(device_type=device_type, enabled=False):  # float32 under autocast too
         u_hat = full_precision(u_hat)
@@ -74,12 +64,8 @@ def routing_steps(u_hat: torch.Tensor, iterations: int, full_graph: bool = False
 
 
 class DynamicRouter(Router):
-    """Procedure 1 as a :class:`~capsnet.routing.Router`: predictions u_hat (B, J, I, D)
-    -> poses v (B, J, D), activations |v| (B, J) (a capsule's length is its class score),
-    and the couplings c (B, J, I) of every iteration. The first iteration's are the uniform
-    1/J (1/(J+1) with the none-of-the-above category), reported as a stride-0 view: the
-    routing itself never builds them. Child activations are not used: in dynamic routing a
-    child's length is inside its prediction. No parameters: a model's state_dict is unchanged."""
+    """Procedure 1 as a Router: u_hat (B, J, I, D) -> poses v (B, J, D), activations |v|
+    (B, J), each iteration's couplings (the first a stride-0 view). No parameters."""
 
     name = "dynamic"
     coupling_symbol = "c"
@@ -120,8 +106,7 @@ class DynamicRouter(Router):
 
     def agreements(self, u_hat: torch.Tensor,
                    activations: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        """u_hat . v of every iteration (B, J, I); the sum of the first r is the logits b
-        of iteration r + 1. The last one, which routing does not use, is computed here."""
+        """u_hat . v of every iteration (B, J, I), the last one included."""
         u_hat = full_precision(u_hat)  # (B, J, I, D)
         out = []
         for step in self.steps(u_hat):

@@ -1,41 +1,17 @@
-"""EM routing between matrix capsules (Hinton, Sabour & Frosst 2018, "Matrix capsules with
-EM routing", ICLR; Procedure 1), the :class:`~capsnet.routing.Router` named "em".
+"""EM routing between matrix capsules (Hinton, Sabour & Frosst 2018, Procedure 1), router "em".
 
-Each parent capsule j is a Gaussian over the D = 16 entries of a 4x4 pose, fitted to the
-votes V_ij of its children i, each vote weighted by the child's activation a_i and by its
-assignment R_ij to j. Per iteration t (inverse temperature lambda_t):
+Each parent j is a Gaussian over the 16 pose entries, fitted to its children's votes V_ij
+weighted by r_ij = R_ij a_i. Per iteration t, with lambda_t = final_lambda (1 - 0.95^(t+1)):
 
-M-step, for every parent j (Procedure 1, M-STEP)::
+    M-step:  mu_j = sum_i r_ij V_ij / sum_i r_ij,  (s_j)^2 = weighted variance + eps,
+             cost_j^h = (beta_u + log s_j^h) sum_i r_ij,
+             a_j = logistic(lambda_t (beta_a - sum_h cost_j^h))
+    E-step:  R_ij = a_j p_ij / sum_{j' parent of i} a_j' p_ij'   (in log space)
 
-    r_ij       = R_ij a_i
-    mu_j^h     = sum_i r_ij V_ij^h / sum_i r_ij
-    (s_j^h)^2  = sum_i r_ij (V_ij^h - mu_j^h)^2 / sum_i r_ij  +  variance_eps
-    cost_j^h   = (beta_u + log s_j^h) sum_i r_ij
-    a_j        = logistic(lambda_t (beta_a - sum_h cost_j^h))
-
-E-step, for every child i (Procedure 1, E-STEP), in log space::
-
-    log p_ij   = -sum_h [ (V_ij^h - mu_j^h)^2 / (2 (s_j^h)^2) + log(s_j^h) + log(2 pi) / 2 ]
-    R_ij       = a_j p_ij / sum_{j' parent of i} a_j' p_ij'
-               = exp(log a_j + log p_ij - logsumexp_{j'}(log a_j' + log p_ij'))
-
-The first M-step uses R_ij = 1 / (number of parents of child i); the last iteration ends
-after its M-step (its E-step would change nothing returned). Gradients flow through every
-iteration ("We do not use stop gradient", the authors on OpenReview). The cost is the
-paper's formula: it is not scale invariant (it grows with sum_i r_ij and shifts with the
-units of the poses), as discussed on OpenReview; the inverse temperature and the learned
-beta_a absorb its scale.
-
-Inverse temperature: lambda_t = final_lambda (1 - 0.95^(t + 1)), t = 0, 1, 2, final_lambda
-= 0.01: the schedule the authors gave on OpenReview (https://openreview.net/forum?id=HJWLfGWRb,
-quoted in IBM/matrix-capsules-with-em-routing em_routing.py).
-
-Convolutional capsule layers: a child at a position covered by several windows has parents
-at each of those positions; ``children`` (J, K) names the global child in each of a
-parent's K slots, and both the first assignment (1 / its number of parents) and the E-step's
-normalisation run over all of a child's parents, across positions (scatter over global
-child ids), not within one window. docs/models-em.md lists the pitfalls and their tests.
-"""
+The first R_ij is 1 / (number of parents of i); the last iteration ends after its M-step;
+gradients flow through every iteration. In a convolutional layer ``children`` (J, K) names
+the global child in each parent slot, and both normalisations run over all of a child's
+parents across positions. docs/models-em.md lists the pitfalls and their tests."""
 from __future__ import annotations
 
 import math
@@ -65,9 +41,7 @@ def inverse_temperatures(iterations: int, final_lambda: float = FINAL_LAMBDA) ->
 
 
 def parents_per_child(children: torch.Tensor, num_children: int) -> torch.Tensor:
-    """(N,) how many parent slots hold each of the ``num_children`` children (J, K). A
-    scatter-add (exported to ONNX), not ``bincount``, whose output size would wait for
-    the GPU."""
+    """(N,) how many parent slots (J, K) hold each child; a scatter-add, exportable to ONNX."""
     index = children.reshape(-1)  # (J*K,)
     return torch.zeros(num_children, dtype=torch.long, device=children.device).scatter_add(
         0, index, torch.ones_like(index))  # (N,)
@@ -75,8 +49,7 @@ def parents_per_child(children: torch.Tensor, num_children: int) -> torch.Tensor
 
 def initial_assignments(J: int, K: int, children: torch.Tensor | None, num_children: int | None,
                         dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """R_ij before the first M-step: 1 / (number of parents of child i), (J, K). In a
-    convolutional layer a child at the border has fewer parents than one in the middle."""
+    """R_ij before the first M-step: 1 / (number of parents of child i), (J, K)."""
     if children is None:
         return torch.full((J, K), 1.0 / J, dtype=dtype, device=device)  # (J, K)
     parents = parents_per_child(children, num_children)  # (N,)
@@ -87,11 +60,8 @@ def normalise_over_parents(log_w: torch.Tensor, children: torch.Tensor | None,
                            num_children: int | None) -> torch.Tensor:
     """exp(log_w_ij) / sum over every parent slot j' holding child i of exp(log_w_j'i).
 
-    log_w: (B, J, K). With ``children`` None every parent sees the same K children and this
-    is a softmax over J. Otherwise the sum runs over the slots of all parents, at every
-    position, that hold the same global child (``children`` (J, K) in 0 .. num_children-1):
-    a logsumexp by scatter, each child's largest log weight subtracted first (no exp of
-    a large number; the subtracted peak cancels, so it carries no gradient)."""
+    log_w: (B, J, K). Without ``children`` a softmax over J; with ``children`` (J, K) a
+    logsumexp by scatter over global child ids, each child's peak subtracted first."""
     if children is None:
         return torch.softmax(log_w, dim=1)  # (B, J, K)
     B, J, K = log_w.shape
@@ -115,8 +85,7 @@ def per_parent(beta: torch.Tensor, J: int) -> torch.Tensor:
 
 
 class MStep(NamedTuple):
-    """What an M-step fits: the parents' Gaussians and activations, and the squared
-    deviations of the votes from the means (which the E-step reads again)."""
+    """The parents' Gaussians and activations, and the votes' squared deviations."""
 
     mu: torch.Tensor  # (B, J, D) the parents' poses
     var: torch.Tensor  # (B, J, D) (sigma_j^h)^2, variance_eps included
@@ -127,10 +96,8 @@ class MStep(NamedTuple):
 def m_step(R: torch.Tensor, a_i: torch.Tensor, V: torch.Tensor, beta_u: torch.Tensor,
            beta_a: torch.Tensor, inverse_temperature: float,
            variance_eps: float = VARIANCE_EPS) -> MStep:
-    """Procedure 1's M-step. R: (B or 1, J, K) assignments; a_i: (B, J or 1, K) the
-    activation of the child in each slot; V: (B, J, K, D) votes; beta_u, beta_a: (J,).
-    The variance is the weighted mean of squared deviations (never E[V^2] - mu^2, which
-    cancels catastrophically when the votes agree closely)."""
+    """Procedure 1's M-step. R: (B or 1, J, K); a_i: (B, J or 1, K); V: (B, J, K, D);
+    beta_u, beta_a: (J,). The variance is the weighted mean of squared deviations."""
     r = R * a_i  # (B, J, K) r_ij = R_ij a_i
     r_sum = r.sum(dim=2)  # (B, J) sum_i r_ij: the data assigned to j
     w = r / r_sum.clamp_min(ASSIGNED_FLOOR).unsqueeze(-1)  # (B, J, K), sums to 1 over i
@@ -145,9 +112,7 @@ def m_step(R: torch.Tensor, a_i: torch.Tensor, V: torch.Tensor, beta_u: torch.Te
 
 
 def log_gaussian(sq: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
-    """log p_ij (B, J, K): the log density of each vote under its parent's axis-aligned
-    Gaussian, from the squared deviations sq (B, J, K, D) and the variances var (B, J, D):
-    -1/2 sum_h [sq_h / var_h + log var_h + log 2 pi]."""
+    """log p_ij (B, J, K) from squared deviations sq (B, J, K, D) and variances var (B, J, D)."""
     D = var.shape[-1]
     mahalanobis = torch.einsum("bjkd,bjd->bjk", sq, var.reciprocal())  # (B, J, K)
     log_norm = var.log().sum(dim=-1) + D * LOG_2PI  # (B, J)
@@ -155,23 +120,18 @@ def log_gaussian(sq: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
 
 
 def e_step(fit: MStep, children: torch.Tensor | None, num_children: int | None) -> torch.Tensor:
-    """Procedure 1's E-step: R_ij = a_j p_ij / sum_j' a_j' p_ij' over all parents of i,
-    from log a_j = logsigmoid(logit_j) and log p_ij (never a log of 0 nor an exp overflow)."""
+    """Procedure 1's E-step, in log space: R_ij = a_j p_ij / sum_j' a_j' p_ij' over i's parents."""
     log_ap = F.logsigmoid(fit.logits).unsqueeze(-1) + log_gaussian(fit.sq, fit.var)  # (B,J,K)
     return normalise_over_parents(log_ap, children, num_children)  # (B, J, K)
 
 
 class EMRouter(Router):
-    """EM routing for parents of ``parent_types`` types, each with its own beta_u and beta_a
-    (one per capsule type, as the authors answered on OpenReview). Parents are laid out
-    (position, type), type fastest; a fully connected layer has one position.
+    """EM routing for parents of ``parent_types`` types, each with its own beta_u and beta_a;
+    parents laid out (position, type), type fastest.
 
-    forward(u_hat (B, J, K, D), the votes V_ij, and activations (B, I)) -> Routed(poses
-    mu (B, J, D), activations a_j (B, J), couplings: R (B, J, K) of each iteration's
-    M-step). Without
-    ``children`` K = I and every parent sees every child; with ``children`` (J, K) the
-    activations are those of the ``num_children`` global children. Runs in float32 (or
-    float64 for float64 votes) even under autocast."""
+    forward(u_hat (B, J, K, D), activations (B, I)) -> Routed(poses (B, J, D), activations
+    (B, J), couplings: each iteration's R (B, J, K)). Without ``children`` K = I. Runs in
+    float32 (float64 for float64 votes) even under autocast."""
 
     name = "em"
     coupling_symbol = "R"

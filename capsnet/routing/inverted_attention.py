@@ -1,44 +1,13 @@
-"""Inverted dot-product attention routing (Tsai, Srivastava, Goh & Salakhutdinov, "Capsules
-with Inverted Dot-Product Attention Routing", ICLR 2020), as a
-:class:`~capsnet.routing.Router` named ``inverted-attention``.
+"""Inverted dot-product attention routing (Tsai, Srivastava, Goh & Salakhutdinov, ICLR 2020),
+the :class:`~capsnet.routing.Router` named ``inverted-attention``.
 
-The paper's Procedure 1, for one layer L -> L + 1 (children i, parents j), in its equations:
-
-- vote (Eq. 1, line 2): v_ij = W_ij p_i, the prediction DigitCaps computes as
-  ``u_hat[b, j, i]`` (the same tensor under Sabour et al.'s name); the router starts from it.
-- agreement (Eq. 2, line 3): a_ij = p_j^T v_ij, with p_j the parent's pose from the previous
-  iteration, "set to 0 initially".
-- routing coefficient (Eq. 3, line 4): r_ij = exp(a_ij) / sum_j' exp(a_ij'), a softmax over
-  the PARENTS j: the parents compete for each child's attention (ordinary attention would
-  normalise over the children: hence "inverted").
-- pose update and normalisation (lines 5 and 6): p_j = LayerNorm(sum_i r_ij v_ij).
-
-Because every p_j starts at 0, the first iteration's agreements are 0 and its coefficients
-the uniform 1/J; each later iteration uses the poses of the one before. As in the authors'
-code (``CapsuleFC`` in github.com/apple/ml-capsules-inverted-attention-routing), the
-agreement is scaled by 1/sqrt(D) (scaled dot-product attention; the paper's Eq. 2 omits the
-factor), LayerNorm has a learned gain and bias, and gradients flow through every iteration.
-Left out: the code's optional dropout on s_j (rate 0 here) and its renormalisation of r by
-its sum + 1e-10 (a no-op in float32).
-
-Concurrency. The paper's Procedure 2 iterates every capsule layer of a stack at once: in
-iteration t each layer L + 1 is updated from layer L's poses of iteration t - 1 (not of
-iteration t), so all layers refine in parallel instead of one after the other. capsnet
-routes one layer (primary capsules -> class capsules) whose children are fixed by the
-convolutions, so the concurrent and the sequential schedules are the same computation: what
-is implemented is T iterations of Procedure 1 on this one layer.
-
-Class score. The paper reads each class capsule's final pose with one linear layer shared
-by every class (logit_j = w . p_j + b, then a softmax and cross-entropy). capsnet trains
-with the margin loss, which needs a score in [0, 1) per class, and a LayerNorm'd pose has a
-length of about sqrt(D) whatever the evidence. The score is therefore the length of the
-squashed pose before normalisation, a_j = |squash(s_j)| with s_j = sum_i r_ij v_ij of the
-last iteration: dynamic routing's |v_j| (Sabour et al., Eq. 1), computed with the inverted
-attention's coefficients, large when many children send agreeing votes to j. It adds no
-parameter. (The paper's shared read-out through a logistic, sigmoid(w . p_j + b), also fits
-the margin loss, but in a tiny trial (small preset, 500 MNIST images, 3 epochs) it stayed
-at chance, 11% validation accuracy, where the length reached 64%, as dynamic routing's 60%.)
-"""
+Procedure 1 for one layer: from the votes v_ij (``u_hat[b, j, i]``) and poses p_j (0 at
+first), agreement a_ij = p_j . v_ij / sqrt(D) (the authors' code's scaling); coefficients
+r_ij = softmax over the PARENTS j (hence "inverted"); p_j = LayerNorm(sum_i r_ij v_ij) with
+learned gain and bias. One layer is routed, so Procedure 2's concurrent schedule is the
+same computation. The class score, which the margin loss needs in [0, 1), is |squash(s_j)|
+of the last iteration's s_j (a LayerNorm'd pose has length about sqrt(D) whatever the
+evidence)."""
 from __future__ import annotations
 
 import torch
@@ -49,10 +18,8 @@ from capsnet.squashing import full_precision, squash
 
 
 class InvertedAttentionRouter(Router):
-    """u_hat (B, J, I, D) -> poses p (B, J, D) (LayerNorm'd), activations |squash(s_j)|
-    (B, J) and the routing coefficients r (B, J, I) of every iteration (the first the
-    uniform 1/J). Children's activations are not used (the algorithm has none). Runs in
-    float32 under autocast; its parameters are the LayerNorm's gain and bias."""
+    """u_hat (B, J, I, D) -> poses (B, J, D) (LayerNorm'd), activations |squash(s_j)| (B, J)
+    and each iteration's coefficients r (B, J, I). Runs in float32 under autocast."""
 
     name = "inverted-attention"
     coupling_symbol = "r"
@@ -105,8 +72,7 @@ class InvertedAttentionRouter(Router):
     @torch.no_grad()
     def agreements(self, u_hat: torch.Tensor,
                    activations: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        """Eq. 2 (scaled) for the poses of every iteration, (B, J, I) each: the softmax over
-        j of iteration t's is iteration t + 1's coefficients."""
+        """Eq. 2 (scaled) for every iteration's poses, (B, J, I) each."""
         with torch.autocast(device_type=u_hat.device.type, enabled=False):
             couplings = self(u_hat).couplings
             u_hat = full_precision(u_hat)  # (B, J, I, D)

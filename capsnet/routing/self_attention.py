@@ -1,24 +1,13 @@
-"""Self-attention routing (Mazzia, Salvetti & Chiaberge 2021, Methods, "Self-attention
-routing"): one non-iterative pass from the predictions to the parent capsules.
+"""Self-attention routing (Mazzia, Salvetti & Chiaberge 2021): one non-iterative pass.
 
-For each parent capsule j, with U_j (I, D) the predictions u_hat_j|i of the I children for it:
+For parent j with U_j (I, D) the children's predictions:
 
-    A_j = U_j U_j^T / sqrt(D)                    the self-attention matrix (I, I)
-    C_j = softmax_j( sum_k A_j[:, k] )           the coupling coefficients, a softmax over
-                                                 the J parents for each child i
-    s_j = sum_i (C_j[i] + B_j[i]) u_hat_j|i      B: the log priors, learned with W
-    v_j = squash(s_j)                            Efficient-CapsNet's squash (exp_squash)
+    C_j = softmax over the parents of the row sums of U_j U_j^T / sqrt(D)
+    s_j = sum_i (C_j[i] + B_j[i]) u_hat_j|i,  B the learned log priors (added after the softmax)
+    v_j = squash(s_j)                           (Efficient-CapsNet's exp_squash)
 
-A child whose prediction agrees with the other children's for parent j (large row sums of
-A_j) sends more of itself to j. The public code (EscVM/Efficient-CapsNet, utils/layers.py,
-``FCCaps.call``) computes exactly this: the row sums by ``einsum('...ij,...kj->...i', u,
-u)``, the scale 1/sqrt(D) with D the parents' dimension, ``softmax(c, axis=1)`` over the
-parents, and the bias ``b`` (zero-initialised, shape (J, I, 1)) added *after* the softmax.
-
-Because sum_k u_i . u_k = u_i . (sum_k u_k), the row sums are one product with the summed
-predictions: O(I D) per parent instead of the O(I^2 D) of forming A (the test checks this against
-a loop that forms A).
-"""
+as the authors' ``FCCaps.call``; the row sums are one product with the summed predictions,
+O(I D) instead of O(I^2 D)."""
 from __future__ import annotations
 
 import math
@@ -31,8 +20,7 @@ from capsnet.squashing import exp_squash, full_precision
 
 
 def self_attention_couplings(u_hat: torch.Tensor) -> torch.Tensor:
-    """u_hat (B, J, I, D) -> C (B, J, I): softmax over the J parents of the row sums of
-    A_j = U_j U_j^T / sqrt(D)."""
+    """u_hat (B, J, I, D) -> C (B, J, I), the softmax over parents of A_j's row sums."""
     D = u_hat.shape[-1]
     total = u_hat.sum(dim=2)  # (B, J, D): sum over k of u_hat_j|k
     logits = torch.einsum("bjid,bjd->bji", u_hat, total) / math.sqrt(D)  # (B, J, I)
@@ -40,15 +28,9 @@ def self_attention_couplings(u_hat: torch.Tensor) -> torch.Tensor:
 
 
 class SelfAttentionRouter(Router):
-    """The :class:`Router` of Efficient-CapsNet: one pass, no iterations. Holds the log
-    priors B (J, I), initialised to zero as in the public code, so it is fixed to one pair
-    of capsule counts. Child activations are not used (a capsule's length is its
-    activation, inside its vote); only fully connected layers (``children`` None).
-
-    u_hat (B, J, I, D) -> Routed(poses (B, J, D), activations (B, J) = |v_j|,
-    couplings (C,) with C (B, J, I) the softmax couplings, before B is added). Runs in
-    float32, also under autocast.
-    """
+    """Efficient-CapsNet's router: one pass, log priors B (J, I) initialised to zero; fully
+    connected layers only. u_hat (B, J, I, D) -> Routed(poses (B, J, D), activations |v_j|,
+    couplings (C,)); float32 under autocast."""
 
     name = "self-attention"
     coupling_symbol = "C"
@@ -62,8 +44,7 @@ class SelfAttentionRouter(Router):
     @classmethod
     def from_config(cls, config, *, children: int, parents: int,
                     pose_dim: int) -> SelfAttentionRouter:
-        """The router of a layer of ``children`` inputs and ``parents`` outputs (on the
-        paper's CapsNet: ``--routing self-attention``, its DigitCaps routed in one pass)."""
+        """The router of a layer of ``children`` inputs and ``parents`` outputs."""
         return cls(parents, children)
 
     def forward(self, u_hat: torch.Tensor, activations: torch.Tensor | None = None,

@@ -1,15 +1,9 @@
 """Data-parallel training across processes, as started by ``torchrun``.
 
-``torchrun --nproc-per-node N -m capsnet train ...`` sets RANK, WORLD_SIZE and LOCAL_RANK
-(and MASTER_ADDR / MASTER_PORT) in each process's environment. :func:`setup` reads them,
-joins the process group (NCCL on CUDA devices, gloo on CPUs) and places each process on
-the device of its local rank. Without those variables everything here is a no-op for a
-single process, so the same training code runs unchanged in both cases.
-
-Each epoch's global order (a function of seed and epoch only) is dealt out to the ranks by
-:func:`shard_order`; with a per-rank batch of global_batch / world, the ranks' k-th
-batches together are exactly the k-th batch a single process would train on.
-"""
+:func:`setup` reads torchrun's RANK, WORLD_SIZE and LOCAL_RANK, joins the process group
+(NCCL on CUDA, gloo on CPU) and places each process on its local rank's device; without
+them everything here is a no-op for one process. :func:`shard_order` deals each epoch's
+global order out so that the ranks' k-th batches together are a single process's k-th."""
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +24,7 @@ ENV_RANK, ENV_WORLD_SIZE, ENV_LOCAL_RANK = "RANK", "WORLD_SIZE", "LOCAL_RANK"
 
 @dataclass(frozen=True)
 class World:
-    """Where this process stands: its global rank, the number of processes, its rank on
-    this machine, and the device it trains on."""
+    """This process's global rank, the number of processes, its local rank and its device."""
 
     rank: int = 0
     size: int = 1
@@ -69,9 +62,7 @@ def backend_for(device: torch.device) -> str:
 
 
 def device_for(requested: str, local_rank: int, world_size: int) -> torch.device:
-    """The device of one process: 'auto' or 'cuda' without an index become the GPU of
-    LOCAL_RANK (:func:`cuda_index_for`) when CUDA is available; anything else is taken as
-    given."""
+    """'auto' or index-less 'cuda' -> LOCAL_RANK's GPU when CUDA is available; else as given."""
     device = pick_device(requested)
     if world_size > 1 and device.type == "cuda" and device.index is None:
         device = torch.device("cuda", cuda_index_for(local_rank, torch.cuda.device_count()))
@@ -79,9 +70,7 @@ def device_for(requested: str, local_rank: int, world_size: int) -> torch.device
 
 
 def cuda_index_for(local_rank: int, visible: int) -> int:
-    """The GPU index of the process with ``local_rank`` when ``visible`` GPUs are visible to
-    it: its local rank (torchrun on a machine's GPUs), or 0 when it sees one GPU only (SLURM
-    and other launchers that give each task its own GPU by CUDA_VISIBLE_DEVICES)."""
+    """The local rank's GPU index, or 0 when the process sees one GPU only (SLURM and the like)."""
     if visible == 1:
         return 0
     if not 0 <= local_rank < visible:
@@ -91,8 +80,7 @@ def cuda_index_for(local_rank: int, visible: int) -> int:
 
 
 def setup(requested_device: str = "auto") -> World:
-    """Join the process group torchrun describes (or one the caller already created).
-    A single process without torchrun gets World(size=1) on ``pick_device(requested)``."""
+    """Join the process group torchrun describes; one process gets World(size=1)."""
     if dist.is_available() and dist.is_initialized():
         rank, size = dist.get_rank(), dist.get_world_size()
         local_rank = int(os.environ.get(ENV_LOCAL_RANK, rank))
@@ -111,10 +99,8 @@ def setup(requested_device: str = "auto") -> World:
 
 
 def teardown(world: World, wait_for_all: bool = False) -> None:
-    """Leave the process group if :func:`setup` created it. ``wait_for_all`` (after a run
-    that finished on every rank): meet at a barrier first, so that no rank tears down gloo's
-    connections while another still uses them; without it a rank sometimes aborted at exit
-    with "terminate called without an active exception"."""
+    """Leave the process group if :func:`setup` created it; ``wait_for_all`` meets at a barrier
+    first, so that no rank tears down gloo's connections while another uses them."""
     if world.owns_group and dist.is_initialized():
         if wait_for_all:
             barrier(world)
@@ -128,8 +114,7 @@ def is_main() -> bool:
 
 @contextlib.contextmanager
 def local_main_first(world: World) -> Iterator[None]:
-    """Run the body on local rank 0 of each machine first (e.g. a download into the
-    machine's cache), then on the other ranks."""
+    """Run the body on local rank 0 of each machine first (e.g. a download), then on the others."""
     if world.distributed and world.local_rank != 0:
         barrier(world)
     yield
@@ -154,13 +139,8 @@ def per_rank_batch(global_batch: int, world: World) -> int:
 
 
 def shard_order(order: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """This rank's share of an epoch's order (M,): every ``world``-th index from ``rank``.
-
-    When M is not a multiple of ``world``, the order is padded with its own first
-    entries (as torch's DistributedSampler does) so that every rank gets ceil(M / world)
-    examples and the same number of steps; every example is covered, a few twice.
-    Returns (ceil(M / world),) indices on the order's device.
-    """
+    """This rank's share (ceil(M / world),) of an epoch's order (M,): every ``world``-th index
+    from ``rank``, padded with the first entries as DistributedSampler does."""
     M = order.numel()
     if M == 0:
         return order
@@ -186,8 +166,7 @@ def all_reduce_mean(values: list[float], world: World) -> list[float]:
 
 
 def summer(world: World):
-    """A function summing a tensor over the ranks (None in a single process): what a
-    training loop needs to decide alike on every rank (a non-finite loss)."""
+    """A function summing a tensor over the ranks (None in a single process)."""
     if not world.distributed:
         return None
     return lambda tensor: all_reduce_sum(tensor.to(world.device), world)
@@ -204,10 +183,8 @@ def all_gather_objects(obj, world: World) -> list:
 
 def evaluate_sharded(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
                      world: World, num_classes: int, **kwargs) -> EvalResult:
-    """:func:`~capsnet.training.loop.evaluate` with the examples (N, H, W) dealt out to
-    the ranks (no padding) and the confusion matrix and loss summed over them: the same
-    numbers as one process evaluating everything. ``model`` must be the plain module
-    (not the DDP wrapper), as the ranks may run different numbers of batches."""
+    """:func:`~capsnet.training.loop.evaluate` with the examples dealt out to the ranks and
+    the confusion matrix and loss summed: one process's numbers. ``model``: the plain module."""
     if not world.distributed:
         return evaluate(model, images, labels, **kwargs)
     N = labels.numel()
@@ -225,8 +202,7 @@ def evaluate_sharded(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
 
 
 def wrap_model(model: nn.Module, world: World) -> nn.Module:
-    """``model`` in DistributedDataParallel when there are several processes (gradients
-    averaged over ranks after each backward); the model itself otherwise."""
+    """``model`` in DistributedDataParallel when there are several processes, else itself."""
     if not world.distributed:
         return model
     from torch.nn.parallel import DistributedDataParallel

@@ -1,21 +1,10 @@
 """An exponential moving average (EMA) of a model's weights, updated after every optimiser step.
 
-    ema <- d * ema + (1 - d) * weights,  d = decay, or min(decay, (1 + n) / (10 + n)) at the
-                                          n-th update (0-based) with warm-up
+    ema <- d * ema + (1 - d) * weights,  d = decay, or min(decay, (1 + n) / (10 + n)) with warm-up
 
-The average starts from the model's weights when it is made (the initialisation). With
-warm-up (TensorFlow's ExponentialMovingAverage ``num_updates``, timm's ModelEmaV3
-``use_warmup``) the first updates follow the weights closely (d = 0.1, 0.18, 0.25, ...),
-so that an EMA of decay 0.999 (a memory of ~1000 steps) is already useful after the first
-epoch instead of remembering the random initialisation. Floating-point buffers are averaged
-like parameters; others (counters) are copied.
-
-A small class rather than ``torch.optim.swa_utils.AveragedModel``: the warm-up needs the
-update count in the decay (``get_ema_multi_avg_fn`` uses a fixed one), AveragedModel's first
-update copies the weights instead of averaging, and the runner saves the average as a plain
-model state_dict (the model that is validated, selected, tested and exported) plus three
-numbers, where AveragedModel's state_dict nests it under ``module.``.
-"""
+It starts from the model's initial weights; floating-point buffers are averaged, others
+copied. Not AveragedModel: the warm-up needs the update count, and the average is saved as
+a plain model state_dict."""
 from __future__ import annotations
 
 import copy

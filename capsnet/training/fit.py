@@ -1,6 +1,5 @@
-"""The paper's recipe: classify a dataset's images (MNIST by default, or your own tensors),
-select the epoch by validation accuracy and test once. :func:`fit` runs it through the one
-epoch driver."""
+"""The paper's recipe: classify a dataset's images (or your own tensors), select the epoch by
+validation accuracy, test once; :func:`fit` runs it through the one epoch driver."""
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +44,7 @@ class RunData:
         return self.crop or self.train.image_size[0]
 
     def initialisation_images(self, count: int = INITIALISATION_IMAGES) -> torch.Tensor:
-        """The first ``count`` training images of the run, float (B, C, H, W) in [0, 1],
-        as the model sees them (centre-cropped when training on crops), unaugmented."""
+        """The first ``count`` training images, float (B, C, H, W), unaugmented."""
         images = self.train.images[self.train_idx[:count]]
         images = images if self.crop is None else center_crop(images, self.crop)
         return to_model_input(images)
@@ -63,9 +61,7 @@ Datasets = tuple[ImageDataset, ImageDataset]  # (train, test)
 
 def load_run_datasets(settings: TrainSettings, log: Log = print,
                       own: Datasets | None = None) -> Datasets:
-    """The run's (train, test) datasets, at the requested size and channels: ``own`` (your
-    data, :func:`own_datasets`) or ``settings.dataset``. A folder is decoded once (then
-    cached) with those options; other datasets are adapted in memory."""
+    """The run's (train, test) datasets at the requested size and channels."""
     s = settings
     if own is None and s.dataset == FOLDER:
         # the test split carved out of a folder without test/ is the folder's own (seed 0),
@@ -91,8 +87,7 @@ def load_run_datasets(settings: TrainSettings, log: Log = print,
 
 def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print,
                  own: Datasets | None = None) -> RunData:
-    """Load the dataset (or take ``own``), carve the validation split, apply --subset, move
-    to ``device``."""
+    """Load the dataset, carve the validation split, apply --subset, move to ``device``."""
     train, test = load_run_datasets(settings, log, own)
     val_size = validation_size(settings.val_size, len(train.labels))
     train_idx, val_idx = stratified_split(train.labels, val_size, settings.seed)
@@ -106,11 +101,19 @@ def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print
     return RunData(train.to(device), test, train_idx.to(device), val_idx.to(device), crop)
 
 
+def protocol_data(settings: TrainSettings, device: torch.device,
+                  protocol: str) -> tuple[RunData, torch.Tensor, torch.Tensor]:
+    """The data of a protocol that validates on held-out digits: (data, training images
+    (N, H, W), labels (N,)); ValueError without a validation split."""
+    if settings.val_size is not None and settings.val_size < 1:
+        raise ValueError(f"{protocol} training needs held-out validation digits (val_size > 0)")
+    data = prepare_data(settings, device)
+    return data, data.train.images[data.train_idx], data.train.labels[data.train_idx]
+
+
 def data_overrides(settings: TrainSettings, data: RunData, image_size: int | None = None) -> dict:
-    """What the data decides in the model's config: input size (``image_size`` for a
-    canvas), channels, classes and their names, the dataset's name, and with training crops
-    the side of the images they are cut from; for CapsNet how images meet Conv1 and
-    Conv1's stride."""
+    """What the data decides in the model's config: size, channels, classes, dataset name,
+    uncropped size and, for CapsNet, input norm and Conv1 stride."""
     overrides = {"input_norm": input_norm_for(settings.dataset, settings.input_norm),
                  "image_size": image_size or data.model_size, "in_channels": data.train.channels,
                  "num_classes": len(data.train.classes), "class_names": tuple(data.train.classes),
@@ -124,10 +127,8 @@ def data_overrides(settings: TrainSettings, data: RunData, image_size: int | Non
 
 
 class ClassifyTask(Task):
-    """Images of a dataset with one label each; the settings' augmentation (the paper's
-    random shifts, or Efficient-CapsNet's); validation on the held-out split; the test set
-    evaluated once for the final and selected models, and the selected model's test scores
-    saved (capsnet.training.scores)."""
+    """One label per image; the settings' augmentation; validation on the held-out split;
+    the final and selected models tested once, the selected one's test scores saved."""
 
     name = "classify"
 
@@ -204,10 +205,8 @@ class ClassifyTask(Task):
 
 
 def own_datasets(data: Any, test_data: Any = None) -> Datasets:
-    """(train, test) ImageDatasets of your data (:func:`capsnet.data.image_dataset.
-    as_image_dataset` takes (images, labels) or a Dataset); without ``test_data`` a
-    stratified DEFAULT_TEST_FRACTION of ``data`` is held out as the test set (seed 0, as
-    for a folder without test/: every run tests on the same images)."""
+    """(train, test) of your data; without ``test_data`` a stratified
+    DEFAULT_TEST_FRACTION is held out (seed 0)."""
     train = as_image_dataset(data)
     if test_data is None:
         return held_out_split(train, DEFAULT_TEST_FRACTION)
@@ -221,15 +220,11 @@ def own_datasets(data: Any, test_data: Any = None) -> Datasets:
 def fit(settings: TrainSettings | None = None, resume: str | None = None,
         argv: list[str] | None = None, log: Callable[[str], None] = print, *,
         data: Any = None, test_data: Any = None) -> dict:
-    """Train as ``settings`` say (the paper's recipe by default), writing everything to
-    ``settings.out_dir``; returns the results (also written to results.json). Runs under
-    torchrun as :func:`capsnet.training.runner.run_task` describes.
+    """Train as ``settings`` say into ``settings.out_dir``; returns results.json's content.
 
-    The images are ``settings.dataset`` (a name or a folder), or your own ``data``: a pair
-    (images, labels), images (N, H, W) or (N, C, H, W) uint8 or float in [0, 1], or a torch
-    Dataset of (image, label) items (:func:`own_datasets`); ``test_data`` likewise, else a
-    tenth of ``data`` is held out for the test. The run then records the data's name ("own"
-    for tensors) as its dataset; resuming it needs the same ``data`` again."""
+    The images are ``settings.dataset`` or your own ``data``: (images, labels) or a torch
+    Dataset of (image, label); ``test_data`` likewise, else a tenth is held out. Resuming
+    such a run needs the same ``data`` again."""
     settings = settings or TrainSettings()
     if not isinstance(settings, TrainSettings):
         raise TypeError(f"fit's first argument is a TrainSettings, got "

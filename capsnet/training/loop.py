@@ -48,13 +48,9 @@ def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: 
                     labels: torch.Tensor, order: torch.Tensor, options: StepOptions,
                     generator: torch.Generator | None = None,
                     on_progress: Callable[[int, float, float], None] | None = None) -> dict:
-    """Train over ``images[order]`` in batches. images (N, H, W) uint8 and labels (N,) on
-    the device; order (M,) indices. Losses and accuracy are accumulated on the device and
-    read back every ``check_every`` steps only. Returns {'loss', 'accuracy', 'steps'}.
-
-    on_progress(examples_done, mean_loss, accuracy) is called at each read-back.
-    Raises NonFiniteLossError as soon as a read-back sees a non-finite loss.
-    """
+    """Train over ``images[order]`` (images (N, H, W) uint8, labels (N,), order (M,)).
+    Returns {'loss', 'accuracy', 'steps'}; ``on_progress(done, loss, accuracy)`` and the
+    NonFiniteLossError check run at each read-back, every ``check_every`` steps."""
     model.train()
     device = images.device
     loss_sum = torch.zeros((), device=device)
@@ -86,8 +82,7 @@ def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: 
 
 def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
                       grad_scaler=None) -> None:
-    """loss.backward() and an optimiser step; with an fp16 ``grad_scaler`` the loss is scaled
-    first, the step skipped when a gradient overflowed, and the scale adapted."""
+    """loss.backward() and an optimiser step, through the fp16 ``grad_scaler`` if any."""
     if grad_scaler is None:
         loss.backward()
         optimizer.step()
@@ -100,8 +95,7 @@ def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
 def checked_mean_loss(loss_sum: torch.Tensor, seen: int,
                       sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None,
                       where: str) -> float:
-    """The mean loss so far (over every rank with ``sum_over_ranks``, so that all ranks
-    decide alike); NonFiniteLossError naming ``where`` when it is NaN or infinite."""
+    """The mean loss so far (over all ranks); NonFiniteLossError naming ``where``."""
     if sum_over_ranks is None:
         mean_loss = loss_sum.item() / max(seen, 1)
     else:
@@ -115,10 +109,8 @@ def checked_mean_loss(loss_sum: torch.Tensor, seen: int,
 
 def augment(x: torch.Tensor, options: StepOptions,
             generator: torch.Generator | None = None) -> torch.Tensor:
-    """The training augmentation of a float batch (B, C, H, W): Efficient-CapsNet's rotation,
-    shift, squeeze and erasing when ``options.augment`` is 'efficient'; else a random
-    ``crop`` when one is asked for (the crop is the translation), else random shifts of up to
-    ``max_shift`` pixels with zero fill."""
+    """The training augmentation of a float batch (B, C, H, W): Efficient-CapsNet's, a random
+    ``crop``, or random shifts of up to ``max_shift`` pixels."""
     if options.augment == "efficient":
         return efficient_augment(x, generator)  # (B, C, H, W)
     if options.crop is not None:

@@ -1,11 +1,6 @@
-"""What a run trains and how, as one object: the model, Adam, the learning-rate scheduler
-and the moving average of the weights; their part of a checkpoint and its restoring.
-
-With an EMA, the average is the run's model: it is validated, selects the best epoch, is
-saved as the checkpoint's ``state_dict`` (so `capsnet evaluate`, `predict`, `export` and
-``best.pt`` all use the model that was validated) and is tested. The trained weights, which
-a resumed run goes on from, are kept beside it as ``raw_state_dict``.
-"""
+"""What a run trains and how: the model, Adam, the scheduler and the EMA of the weights, and
+their part of a checkpoint. With an EMA, the average is the run's model (validated, saved as
+``state_dict``, tested); the trained weights are kept as ``raw_state_dict``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,8 +18,7 @@ from capsnet.training.settings import TrainSettings
 
 @dataclass
 class Training:
-    """The model, its optimiser, the scheduler (stepped after every optimiser step when
-    ``per_step``, else after every epoch) and the EMA of the weights (None without)."""
+    """The model, its optimiser, the scheduler (per step when ``per_step``) and the EMA or None."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -54,8 +48,7 @@ class Training:
             self.scheduler.step()
 
     def checkpoint_state(self) -> dict:
-        """A checkpoint's optimiser and scheduler states and, with an EMA, the trained
-        weights and the EMA's counters (the checkpoint's state_dict is :attr:`evaluated`)."""
+        """The optimiser and scheduler states and, with an EMA, the trained weights."""
         state = {"optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict()}
         if self.ema is not None:
@@ -63,10 +56,8 @@ class Training:
         return state
 
     def restore(self, payload: dict, lr_decay: float) -> str | None:
-        """Load a checkpoint written from :meth:`checkpoint_state`; the paper's decay goes on
-        at ``lr_decay`` from the next epoch (a resumed run may anneal at a new rate), and a
-        per-step schedule saved for another number of epochs ends where this run's settings
-        plan it (:func:`replan_length`). Returns that change for the log, if any."""
+        """Load :meth:`checkpoint_state`'s dict; a per-step schedule is re-planned to this run's
+        length. Returns that change for the log, if any."""
         planned = step_schedule(self.scheduler)
         planned_steps = None if planned is None else planned.total_steps
         trained = payload.get("raw_state_dict", payload["state_dict"])
@@ -83,9 +74,7 @@ class Training:
 
 def build_training(settings: TrainSettings, overrides: dict, device: torch.device,
                    steps_per_epoch: int = 1) -> Training:
-    """The model, Adam at the peak rate, the settings' schedule over ``steps_per_epoch``
-    optimiser steps an epoch, and the EMA when ``settings.ema_decay`` > 0. Under DDP every
-    rank builds the same (same seed), so every rank's EMA averages the same weights."""
+    """The model, Adam at the peak rate, the schedule and the EMA (``ema_decay`` > 0)."""
     derived = {**overrides, "use_decoder": settings.reconstruction_weight > 0}
     derived = {name: value for name, value in derived.items()  # what the data decides
                if has_option(settings.model, name)}
@@ -103,11 +92,8 @@ def build_training(settings: TrainSettings, overrides: dict, device: torch.devic
 
 
 def initialise_from_data(training: Training, images: torch.Tensor | None) -> str | None:
-    """Let a model whose registry entry has an ``initialise`` step (the EM model: its
-    primary poses' scale) adjust its fresh weights to a batch of training ``images``, then
-    start the weights' moving average from the adjusted weights. Returns the model's
-    description of what it did; None when the model has no such step or there are no
-    images. A resumed run never calls it: its weights come from the checkpoint."""
+    """Run the model's registry ``initialise`` step (EM: primary pose scale) on training
+    ``images`` and restart the EMA from it; returns its description or None."""
     model = unwrap(training.model)
     initialise = entry_of(model.config).initialise
     if initialise is None or images is None:

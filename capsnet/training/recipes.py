@@ -1,14 +1,8 @@
-"""Training recipes by name and model: the paper's schedule and a fast one, each defined
-once here.
+"""Training recipes by name and model (the paper's schedule and a fast one), defined once here.
 
-A recipe fills every training setting a run leaves unset (``None`` in
-:class:`~capsnet.training.settings.TrainSettings`): the number of epochs, the batch size,
-the peak learning rate, its schedule, decay, warm-up and floor, the decay of the weights'
-moving average and the augmentation. What a run names explicitly wins. A model trains
-under these recipes with the changes its registry entry names (``ModelEntry.recipes``:
-Efficient-CapsNet's paper recipe is its authors'), and its own peak rate
-(``ModelEntry.lr``). The model and its losses are the same in every recipe.
-"""
+A recipe fills every setting a run leaves None (epochs, batch, learning rate and its
+schedule, EMA decay, augmentation), with the changes and peak rate the model's registry
+entry names; what a run names explicitly wins."""
 from __future__ import annotations
 
 import dataclasses
@@ -42,12 +36,8 @@ PAPER_RECIPE = Recipe(epochs=10, batch_size=128, lr_scale=1.0, schedule="exp", l
                       warmup_epochs=0.0, min_lr=0.0, ema_decay=0.0, ema_warmup=False,
                       augment="shift", max_shift=2)
 
-# Chosen from public CapsNet and short-schedule practice (peak Adam 3e-3, one epoch of
-# warm-up, cosine to 1e-5, EMA 0.999) and kept after measurement on validation only
-# (docs/results.md, "The fast recipe"): seed 1 reached validation 99.5% at epoch 13 (the
-# paper recipe at epoch 36); seeds 1-3 tested 99.67%, 99.61%, 99.59% after 15 epochs (mean
-# 99.62%, ensemble 99.67%); one change per row over 3 epochs, the warm-up (+1.5 points) and
-# the 3x peak (+0.8) are what help.
+# Peak Adam 3 x the rate, one epoch of warm-up, cosine to 1e-5, EMA 0.999, chosen on
+# validation only (docs/results.md, "The fast recipe: time to accuracy").
 FAST_RECIPE = Recipe(epochs=15, batch_size=128, lr_scale=3.0, schedule="cosine", lr_decay=0.96,
                      warmup_epochs=1.0, min_lr=1e-5, ema_decay=0.999, ema_warmup=True,
                      augment="shift", max_shift=2)
@@ -57,14 +47,12 @@ RECIPES = {"paper": PAPER_RECIPE, "fast": FAST_RECIPE}
 
 
 def recipe_for(name: str, model: str = "capsnet") -> Recipe:
-    """The recipe called ``name`` with ``model``'s changes; a ValueError naming the choices
-    otherwise."""
+    """The recipe ``name`` with ``model``'s changes; ValueError naming the choices otherwise."""
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; choose from {', '.join(RECIPES)}")
     return dataclasses.replace(RECIPES[name], **model_entry(model).recipes.get(name, {}))
 
 
 def default_lr(model: str, preset: str) -> float:
-    """The Adam learning rate of a run that names none, before the recipe's lr_scale: the
-    model's paper rate for the preset (its registry entry's)."""
+    """The Adam rate of a run that names none: the model's paper rate for the preset."""
     return model_entry(model).lr_for(preset)

@@ -1,8 +1,5 @@
-"""One recipe over several seeds: each run selects its own epoch by validation; the test
-errors are summarised as mean and sample standard deviation, and their ensemble (averaged
-capsule lengths, from the test scores each run saved) is scored as a separate number. A
-repeat run again continues where it stopped: complete seeds are read back, a stopped one
-resumes from its last.pt."""
+"""One recipe over several seeds: mean and standard deviation of the test errors and the
+ensemble's error (averaged capsule lengths). A repeat continues where it stopped."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,10 +27,8 @@ NOT_THE_RECIPE = (*RESUME_OVERRIDES, "out_dir", "data_dir", "download", "compile
 def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | Path,
                   argv: list[str] | None = None,
                   log: Callable[[str], None] = print) -> dict | None:
-    """Train ``settings`` once per seed into ``out_dir/seed-N`` (or read back, or resume,
-    what an earlier call left there), then summarise (also written to
-    ``out_dir/summary.json``). Under torchrun every process trains and only rank 0
-    summarises and writes; the other ranks return None."""
+    """Train ``settings`` once per seed into ``out_dir/seed-N`` (or read back, or resume),
+    then summarise into ``out_dir/summary.json``; ranks other than 0 return None."""
     if not seeds:
         raise ValueError("at least one seed is needed")
     out = Path(out_dir)
@@ -52,8 +47,7 @@ def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | 
 
 def run_seed(run: TrainSettings, argv: list[str] | None = None,
              log: Callable[[str], None] = print) -> dict:
-    """One seed's results: read back when its directory holds a complete run of ``run``'s
-    epochs, trained on from its last.pt when it stopped short, trained afresh otherwise."""
+    """One seed's results: read back when complete, resumed from last.pt, or trained afresh."""
     run_dir = Path(run.out_dir)
     check_same_recipe(run_dir, run)
     results_path = run_dir / "results.json"
@@ -85,9 +79,7 @@ def check_same_recipe(run_dir: Path, run: TrainSettings) -> None:
 
 def summarise(settings: TrainSettings, seeds: list[int], errors: list[float],
               checkpoints: list[Path]) -> dict:
-    """Mean ± std of the runs' test errors and the test error of their ensemble, from the
-    test scores saved beside the checkpoints (recomputed from the checkpoints for runs
-    older than those files)."""
+    """Mean ± std of the runs' test errors and their ensemble's test error."""
     run_dirs = [Path(c).parent for c in checkpoints]
     if all(has_test_scores(d) for d in run_dirs):
         ensemble = ensemble_from_runs(run_dirs)

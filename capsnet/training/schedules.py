@@ -1,26 +1,14 @@
 """Learning-rate schedules.
 
-The paper's (``exp`` without warm-up) multiplies the rate by ``lr_decay`` after every epoch,
-never below ``min_lr`` (0 in CapsNet's paper recipe, 5e-5 in Efficient-CapsNet's): torch's
-ExponentialLR with that floor, stepped by the runner once per epoch. Every other schedule
-sets the rate before each optimiser step: a LambdaLR whose multiplier is a
-:class:`StepSchedule`.
-That is a callable object, not a function, so the scheduler's state_dict carries its
-shape and length and a resumed run continues it bit-exactly. A run resumed with another
---epochs has its schedule re-planned to the new end (:func:`replan_length`): a finished
-cosine extended from 6 to 10 epochs goes on from where a 10-epoch cosine stands after
-epoch 6, instead of idling at its floor.
+``exp`` without warm-up is ExponentialLR with a floor ``min_lr``, stepped once per epoch.
+Every other schedule is a LambdaLR stepped before each optimiser step, its multiplier a
+:class:`StepSchedule` (an object, so the state_dict carries it and a resume continues it
+bit-exactly; :func:`replan_length` re-plans it to a resumed run's new --epochs).
+Multipliers at step s (W warm-up steps, T in the run, f = min_lr / lr):
 
-Multipliers of the peak rate at 0-based optimiser step ``s`` (W warm-up steps, T steps in
-the run, f = min_lr / lr the floor):
-
-- ``cosine``: (s + 1) / W while s < W, then f + (1 - f) (1 + cos(pi p)) / 2 with
-  p = (s - W) / (T - W), capped at 1.
-- ``onecycle`` (the rate's shape in torch's OneCycleLR, momentum not cycled): a half-cosine
-  from 1/25 up to 1 over the W warm-up steps, then the same half-cosine down to f.
-- ``exp`` with warm-up: (s + 1) / W while s < W, times max(f, lr_decay ** (the epoch s
-  falls in)).
-"""
+- ``cosine``: (s + 1) / W while s < W, then f + (1 - f) (1 + cos(pi (s - W) / (T - W))) / 2;
+- ``onecycle``: a half-cosine from 1/25 up to 1 over W steps, then down to f (OneCycleLR);
+- ``exp`` with warm-up: (s + 1) / W while s < W, times max(f, lr_decay ** epoch)."""
 from __future__ import annotations
 
 import math
@@ -69,9 +57,7 @@ def exp_staircase(step: int, warmup_steps: int, steps_per_epoch: int, decay: flo
 
 
 class FlooredExponentialLR(ExponentialLR):
-    """ExponentialLR whose rate never goes below ``min_lr``: x gamma after each epoch, then
-    max(min_lr, rate) (with min_lr 0, ExponentialLR's rates to the bit). Efficient-CapsNet's
-    learn_scheduler: max(5e-5, 5e-4 x 0.97 ** epoch). ``min_lr`` is in its state_dict."""
+    """ExponentialLR never below ``min_lr`` (with 0, ExponentialLR to the bit)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, gamma: float, min_lr: float = 0.0,
                  last_epoch: int = -1) -> None:
@@ -87,8 +73,7 @@ class FlooredExponentialLR(ExponentialLR):
 
 @dataclass
 class StepSchedule:
-    """The multiplier of the peak rate at each optimiser step (LambdaLR's ``lr_lambda``);
-    its fields are saved in the scheduler's state_dict."""
+    """The multiplier of the peak rate at each optimiser step (LambdaLR's ``lr_lambda``)."""
 
     shape: str  # 'cosine', 'onecycle' or 'exp'
     warmup_steps: int
@@ -115,9 +100,8 @@ def is_per_step(settings) -> bool:
 
 def make_scheduler(optimizer: torch.optim.Optimizer, settings,
                    steps_per_epoch: int) -> tuple[LRScheduler, bool]:
-    """The run's scheduler over ``optimizer`` (whose rate is the peak, ``settings.lr``) and
-    whether it steps after every optimiser step (True) or once per epoch (False).
-    ``settings`` is a TrainSettings; ``steps_per_epoch`` the optimiser steps in an epoch."""
+    """The run's scheduler over ``optimizer`` and whether it steps per optimiser step (True)
+    or per epoch (False)."""
     if not is_per_step(settings):
         return FlooredExponentialLR(optimizer, settings.lr_decay, settings.min_lr), False
     steps_per_epoch = max(1, steps_per_epoch)
@@ -136,12 +120,8 @@ def step_schedule(scheduler: LRScheduler) -> StepSchedule | None:
 
 
 def replan_length(scheduler: LRScheduler, total_steps: int) -> str | None:
-    """Make a restored per-step schedule end at ``total_steps`` (the resumed run's
-    --epochs times its steps an epoch) and set the optimiser's rate for the next step from
-    it: the cosine or one-cycle anneal is redrawn from where the run stands to the new end,
-    so a finished run given more epochs climbs back to the rate a schedule planned that long
-    has there, and one given fewer anneals faster. Returns the change for the log (None when
-    the length is unchanged, or for the exp staircase, which does not depend on it)."""
+    """Make a restored per-step schedule end at ``total_steps`` and set the next step's rate
+    from it; returns the change for the log (None when unchanged or for ``exp``)."""
     schedule = step_schedule(scheduler)
     if schedule is None or schedule.total_steps == total_steps:
         return None

@@ -1,12 +1,6 @@
-"""The test-set class scores of a run's tested model, saved beside its results.json, and
-ensembles recomputed from them without the weights.
-
-A classification run writes ``test_scores.npy`` (N, J) float32, the class scores of its
-validation-selected model on the N test images (``capsnet.models.class_scores``: capsule
-lengths for CapsNet and Efficient-CapsNet, class activations for the EM model, softmax
-probabilities for the CNN), and ``test_labels.npy`` (N,) int64: 10,000 x 10 floats for
-MNIST, 400 kB. Averaging several runs' scores gives their ensemble's predictions.
-"""
+"""The test-set class scores of a run's tested model (``test_scores.npy`` (N, J) float32 and
+``test_labels.npy`` (N,) int64 beside results.json), and ensembles recomputed from them
+without the weights."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -46,9 +40,8 @@ def error_of(scores: np.ndarray, labels: np.ndarray) -> float:
 
 
 def ensemble_from_runs(run_dirs: Sequence[str | Path]) -> dict:
-    """The ensemble of the runs in ``run_dirs`` (averaged saved test scores): its test error,
-    its size, and each run's own error recomputed from its scores. The runs must have
-    scored the same test images in the same order."""
+    """The ensemble of ``run_dirs`` (averaged test scores): its error, its size and each
+    run's own error; the runs must have scored the same test images in order."""
     if not run_dirs:
         raise ValueError("an ensemble needs at least one run")
     total, first_labels, errors = None, None, []

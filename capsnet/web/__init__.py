@@ -1,7 +1,5 @@
 """The local web demo: draw or upload a digit, see its capsules, move their poses.
-
-Needs Flask (``pip install "capsnet[web]"``): without it, importing this package raises
-:class:`capsnet.extras.MissingExtraError` with that command."""
+Needs Flask (``pip install "capsnet[web]"``), else MissingExtraError."""
 from capsnet.extras import require_extra
 
 require_extra("web")

@@ -1,41 +1,21 @@
 """A one-page Flask app around the library: decode request -> library call -> encode response.
 
 Routes:
-    GET  /             the page (static/index.html, static/app.js, static/style.css)
-    GET  /api/model    what the model takes and tells apart: {"classes": [J names],
-                       "dataset", "channels", "image_size", "digits": true for a digit model
-                       (drawing makes sense), "has_decoder"}
-    POST /api/predict  an image upload (multipart field 'image', or the raw image as the
-                       body of any other request), prepared for the model as `capsnet
-                       predict` does -> "class" (the name), "index" and "digit" (both the
-                       index), "classes", capsule lengths, winning pose, input and
-                       reconstruction (PNG data URLs, grey or RGB as the model sees them)
-                       and (for a capsule model: CapsNet with any router, Efficient-CapsNet,
-                       the EM model) the routing into its class capsules
-                       (capsnet.routing_trace), null for a CNN:
-                       "routing": {"iterations": R, "capsules": J, "grid": G, "types": T,
-                       "size": the input's side in pixels,
-                       "centres": [G receptive-field centres in input pixels], "field": side,
-                       "children": the children's layer ("primary", "ConvCaps2"),
-                       "routing": the router's name ("dynamic", "inverted-attention",
-                       "self-attention", "em"), "symbol": its couplings' symbol ("c", "r",
-                       "C", "R"), "meaning": what they are, "support_label": "|c·û|" or
-                       "R·a",
-                       "uniform": the first iteration's coupling where it is the same for
-                       every pair (1/J for dynamic, inverted-attention and EM routing), else
-                       1/J, "first_uniform": whether it is,
-                       "couplings": (R, J, G, G) mean coupling over types,
-                       "support": (R, J, G, G) coupling x vote weight summed over types,
-                       "shares": (R, J) share of the children's output routed to each
-                       capsule, "type_couplings": (R, J, T) mean coupling over positions,
-                       "coupling_spread": max |c - 1/J| of the maps, "type_spread": of the
-                       per-type couplings, "support_max": max}
-    POST /api/decode   JSON {"index": k, "pose": [D floats]} ("digit" is taken for "index")
-                       -> the decoded reconstruction
+    GET  /             the page (static/index.html, app.js, style.css)
+    GET  /api/model    {"classes", "dataset", "channels", "image_size", "digits" (a digit
+                       model: drawing makes sense), "has_decoder"}
+    POST /api/predict  an image (multipart field 'image', or the raw body), prepared as by
+                       `capsnet predict` -> "class", "index" (= "digit"), "classes", capsule
+                       lengths, winning pose, input and reconstruction (PNG data URLs) and
+                       "routing" (null for a CNN): {"iterations" R, "capsules" J, "grid" G,
+                       "types" T, "size", "centres", "field", "children", "routing",
+                       "symbol", "meaning", "support_label", "uniform", "first_uniform",
+                       "couplings" (R, J, G, G), "support" (R, J, G, G), "shares" (R, J),
+                       "type_couplings" (R, J, T), "coupling_spread", "type_spread",
+                       "support_max"}
+    POST /api/decode   JSON {"index": k, "pose": [D floats]} -> the decoded reconstruction
 
-Every error is a JSON {"error": message} with a 4xx status (5xx only for a bug), so a bad
-upload (not an image, empty, too many bytes or pixels) never takes the server down.
-"""
+Every error is a JSON {"error": message} with a 4xx status (5xx only for a bug)."""
 from __future__ import annotations
 
 import base64
@@ -112,8 +92,7 @@ def create_app(model: nn.Module) -> Flask:
 
 
 def model_info(config, has_decoder: bool) -> dict:
-    """GET /api/model: the classes, the input the model takes, and whether it is a model of
-    handwritten digits (drawing on the page makes sense)."""
+    """GET /api/model: the classes, the input the model takes, whether it is a digit model."""
     return {"classes": class_names(config), "dataset": config.dataset,
             "channels": config.in_channels, "image_size": config.image_size,
             "digits": is_digit_model(config), "has_decoder": has_decoder}
@@ -182,8 +161,7 @@ def _register_error_handlers(app: Flask) -> None:
 
 
 def routing_maps(model: nn.Module, image: np.ndarray) -> dict:
-    """The routing of one uint8 image (C, H, W) prepared for the model, as small JSON-ready
-    arrays (see the module docstring for the fields)."""
+    """The routing of one prepared uint8 image (C, H, W) as JSON-ready arrays."""
     trace = routing_trace(model, torch.from_numpy(image)[None])
     couplings = trace.coupling_maps()[0].cpu()  # (R, J, G, G)
     support = trace.support_maps()[0].cpu()  # (R, J, G, G)
@@ -212,10 +190,8 @@ def _rounded(values: torch.Tensor) -> list:
 
 
 def _uploaded_bytes() -> bytes:
-    """The uploaded image: for a multipart request its field 'image' (or its only file);
-    for any other request the raw body, whatever Content-Type it claims (curl's
-    ``--data-binary @digit.png`` says application/x-www-form-urlencoded). The form is never
-    parsed then, since parsing would consume the body."""
+    """The multipart field 'image' (or the only file), else the raw body whatever its
+    Content-Type (the form is then never parsed, which would consume the body)."""
     if request.mimetype == MULTIPART:
         upload = request.files.get("image") or next(iter(request.files.values()), None)
         return upload.read() if upload is not None else b""
@@ -228,11 +204,8 @@ def _finite_number(value) -> bool:
 
 
 def make_server(app: Flask, host: str = "127.0.0.1", port: int = 8000) -> BaseWSGIServer:
-    """A threaded WSGI server for ``app`` listening on host:port (0 picks a free port; the
-    bound one is ``server.port``); call ``serve_forever()``, then ``shutdown()`` to stop.
-
-    The socket is bound here so that a busy port raises OSError (werkzeug would exit).
-    """
+    """A threaded WSGI server for ``app`` on host:port (0: a free port, see ``server.port``),
+    bound here so that a busy port raises OSError."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
