@@ -38,6 +38,13 @@ PRETRAINED: dict[str, Pretrained] = {
         "capsnet train --epochs 12 --out-dir runs/paper-cpu && capsnet train --resume "
         "runs/paper-cpu --epochs 28 --lr-decay 0.85 && capsnet export runs/paper-cpu/last.pt "
         "--format safetensors"),
+    "efficient": Pretrained(
+        "efficient-mnist.safetensors",
+        "74f405f0920fd988e146fc72cca578716d277a44c42f6f829976005596803825", 0.9958, "mnist",
+        "capsnet train --model efficient --recipe fast --seed 1 --precision bf16 --compile "
+        "--out-dir runs/efficient (planned for 25 epochs; after epoch 6 re-planned with "
+        "capsnet train --resume runs/efficient --epochs 15) && capsnet export "
+        "runs/efficient/best.pt --format safetensors"),
 }
 
 
