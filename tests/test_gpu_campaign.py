@@ -37,6 +37,9 @@ def command(data_dir, out, work) -> list[str]:
 
 
 def campaign(tmp_path) -> Campaign:
+    # The budget's clock starts when the module is imported, at collection here: restart it,
+    # or a campaign made late in a long session would have no time left.
+    gpu_campaign.STARTED = time.monotonic()
     return Campaign(gpu_campaign.parse_args(command(tmp_path, tmp_path / "out",
                                                     tmp_path / "work")[3:]))
 

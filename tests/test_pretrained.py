@@ -1,6 +1,8 @@
 """Pretrained weights: every table row's file is there with its SHA-256 and scores its figure;
 a damaged or missing file is one line naming it."""
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,16 @@ from capsnet.pretrained import (
 from capsnet.training.loop import evaluate
 
 MEASURED = [name for name, entry in PRETRAINED.items() if entry.test_accuracy is not None]
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+@pytest.mark.parametrize("name", MEASURED)
+def test_the_readme_states_each_pretrained_models_figure(name):
+    """The README's pretrained table: one row per name, its accuracy the one tested below."""
+    row = re.search(rf"^\| `{re.escape(name)}` \|.*?\*\*(\d+\.\d+)%\*\*", README.read_text(),
+                    re.MULTILINE)
+    assert row, f"README.md has no pretrained row for {name!r}"
+    assert float(row.group(1)) / 100 == PRETRAINED[name].test_accuracy
 
 
 @pytest.mark.parametrize("name", pretrained_names())
