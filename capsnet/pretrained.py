@@ -47,7 +47,7 @@ PRETRAINED: dict[str, Pretrained] = {
         "runs/efficient/best.pt --format safetensors"),
     "em-small": Pretrained(
         "em-small-mnist.safetensors",
-        "9810ddd1e20ea529acf434ac8ad1968efa54ed50da68adc68a4532bb007e7c1c", 0.9814, "mnist",
+        "9810ddd1e20ea529acf434ac8ad1968efa54ed50da68adc68a4532bb007e7c1c", 0.9811, "mnist",
         "capsnet train --model em --preset small --routing-iterations 2 --recipe fast --seed 0 "
         "--compile --precision bf16 --conv-impl gemm --out-dir runs/em (planned for 10 epochs; "
         "re-planned with --resume runs/em --epochs 6 after epoch 1 and --epochs 5 after epoch "
