@@ -12,8 +12,9 @@ cases:
   example before a broadcast matmul, routing on expanded tensors, eight stacked convs;
 - ``broadcast-style``: written the way danielhavir/capsule-network writes it
   (benchmarks/broadcast_reference.py): one broadcast matmul of W, detached routing;
-- ``capsnet``: what ``capsnet train`` runs with its defaults: the plan measured for this
-  machine (precision and each convolution's implementation, ``capsnet.tuning``);
+- ``capsnet``: what ``capsnet train`` runs with its defaults: the rule's plan for this
+  machine (bf16 where it computes bf16 natively, GEMM convolutions on a CPU, cuDNN on a GPU;
+  ``capsnet.tuning``);
 - ``capsnet-<precision>-<path>``: capsnet forced to one precision and one convolution path;
 - on GPUs, ``capsnet-compile``: the rule's plan under ``torch.compile``; on request
   (``--cases``), ``capsnet-cudagraphs``: the same compiled with CUDA graphs
