@@ -7,30 +7,28 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from capsnet.data.image_dataset import PIXEL_MAX, display_images
 from capsnet.figures.common import (
-    OTHER_COLOR,
     PERCENT,
-    WINNER_COLOR,
     WRONG_COLOR,
+    accuracy_chart,
     save_figure,
+    score_bars,
     show_image,
 )
+from capsnet.inference import to_uint8
 
-CURVE_INCHES = (7, 4.5)
 PANEL_INCHES = 1.6  # per panel of the diagnosis view
-DIAGNOSIS_PANELS = 5  # image, reconstruction (true), reconstruction (adversarial), scores
+DIAGNOSIS_PANELS = 4  # image, reconstruction (true), reconstruction (adversarial), scores
 
 
 def accuracy_eps_figure(rows: Sequence[dict], path: str | os.PathLike, title: str = "") -> Path:
     """Robust accuracy against eps, one line per model and attack (and loss), starting
     from the clean accuracy at eps 0."""
-    fig = Figure(figsize=CURVE_INCHES)
-    ax = fig.subplots()
+    fig, ax = accuracy_chart("eps (L-inf or L2, as the attack's norm)", "robust accuracy (%)",
+                             title)
     curves: dict[str, list[dict]] = {}
     for r in rows:
         curves.setdefault(f"{r['model']}: {r['attack']} ({r['loss']})", []).append(r)
@@ -39,19 +37,8 @@ def accuracy_eps_figure(rows: Sequence[dict], path: str | os.PathLike, title: st
         eps = [0.0] + [r["eps"] for r in mine]  # eps 0: the clean accuracy
         accuracy = [mine[0]["clean_accuracy"]] + [r["robust_accuracy"] for r in mine]
         ax.plot(eps, [PERCENT * a for a in accuracy], marker="o", label=label)
-    ax.set_xlabel("eps (L-inf or L2, as the attack's norm)")
-    ax.set_ylabel("robust accuracy (%)")
-    ax.set_ylim(0, PERCENT)
-    ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
-    if title:
-        ax.set_title(title, fontsize="medium")
     return save_figure(fig, path)
-
-
-def _as_uint8(images: torch.Tensor) -> np.ndarray:
-    """(B, C, H, W) in [0, 1] -> display layout uint8."""
-    return display_images((images.clamp(0, 1) * PIXEL_MAX).round().to(torch.uint8))
 
 
 def diagnosis_figure(view: dict[str, torch.Tensor], path: str | os.PathLike,
@@ -60,30 +47,23 @@ def diagnosis_figure(view: dict[str, torch.Tensor], path: str | os.PathLike,
     two rows (clean, adversarial): the image, its reconstructions from the true and the
     adversarial class's capsule, and its class scores as bars."""
     count = min(count, len(view["labels"]))
-    fig = Figure(figsize=(PANEL_INCHES * (DIAGNOSIS_PANELS - 1), PANEL_INCHES * 2 * count))
-    axes = fig.subplots(2 * count, DIAGNOSIS_PANELS - 1, squeeze=False)
+    fig = Figure(figsize=(PANEL_INCHES * (DIAGNOSIS_PANELS), PANEL_INCHES * 2 * count))
+    axes = fig.subplots(2 * count, DIAGNOSIS_PANELS, squeeze=False)
     for i in range(count):
         true, adv = int(view["labels"][i]), int(view["adversarial_class"][i])
         for k, name in enumerate(("clean", "adversarial")):
             row = axes[2 * i + k]
-            show_image(row[0], _as_uint8(view[name][i:i + 1])[0], f"{name} (true {true})",
+            show_image(row[0], to_uint8(view[name][i]), f"{name} (true {true})",
                        WRONG_COLOR if name == "adversarial" and adv != true else "black")
             for col, which, cls in ((1, "true", true), (2, "adversarial", adv)):
                 recon = view.get(f"{name}_reconstruction_{which}")
                 if recon is None:
                     row[col].axis("off")
                     continue
-                show_image(row[col], _as_uint8(recon[i:i + 1])[0], f"recon. as {cls}")
-            scores = view[f"{name}_scores"][i].cpu().numpy()
-            winner = int(np.argmax(scores))
-            row[3].bar(range(len(scores)), scores, color=[
-                WINNER_COLOR if j == winner else OTHER_COLOR for j in range(len(scores))])
-            row[3].set_xticks(range(len(scores)))
+                show_image(row[col], to_uint8(recon[i]), f"recon. as {cls}")
+            score_bars(row[3], view[f"{name}_scores"][i].cpu().numpy())
             row[3].tick_params(labelsize=6)
-            row[3].set_ylim(0, 1)
             if i == 0 and k == 0:
                 row[3].set_title("class scores", fontsize=8)
     fig.subplots_adjust(hspace=0.45)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return save_figure(fig, path)
+    return save_figure(fig, path, title)

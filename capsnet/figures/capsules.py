@@ -10,13 +10,13 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from capsnet.figures.common import (
-    OTHER_COLOR,
     RIGHT_COLOR,
-    WINNER_COLOR,
     WRONG_COLOR,
+    class_label,
     draw_image,
     mosaic,
     save_figure,
+    score_bars,
     short_label,
     show_image,
 )
@@ -39,33 +39,27 @@ def reconstruction_figure(images: np.ndarray, reconstructions: np.ndarray, label
     wrong = [int(label) != int(p) for label, p in zip(labels, predictions, strict=True)]
     rows = 3 if label_reconstructions is not None and any(wrong) else 2
     title_rows = 1.5 if class_names else 1.2  # names take two title lines
+    arrow = " \u2192\n" if class_names else " \u2192 "
     fig = Figure(figsize=(columns * CELL_INCHES, rows * chunks * CELL_INCHES * title_rows),
                  layout="constrained")
     axes = fig.subplots(rows * chunks, columns, squeeze=False)
-    for ax in axes.ravel():
-        ax.axis("off")
     for i in range(N):
         row, col = rows * (i // columns), i % columns
-        color = WRONG_COLOR if wrong[i] else RIGHT_COLOR
-        title = f"{_name(labels[i], class_names)} \u2192\n{_name(predictions[i], class_names)}" \
-            if class_names else f"{int(labels[i])} \u2192 {int(predictions[i])}"
-        show_image(axes[row, col], images[i], title, color)
+        label, guess = (class_label(k, class_names) for k in (labels[i], predictions[i]))
+        show_image(axes[row, col], images[i], label + arrow + guess,
+                   WRONG_COLOR if wrong[i] else RIGHT_COLOR)
         show_image(axes[row + 1, col], reconstructions[i])
         if rows == 3 and wrong[i]:
             show_image(axes[row + 2, col], label_reconstructions[i])
-        for r in range(row, row + (3 if rows == 3 and wrong[i] else 2)):
-            axes[r, col].axis("on")
     names = ["input", "from prediction", "from label"][:rows]
     for row in range(0, rows * chunks, rows):
         for r, name in enumerate(names):
             axes[row + r, 0].set_ylabel(name, fontsize=8)
-    fig.suptitle("Test images (label \u2192 prediction) over their reconstructions; "
-                 "red: mis-classified", fontsize=9)
-    return save_figure(fig, path)
-
-
-def _name(index: int, class_names: Sequence[str] | None) -> str:
-    return short_label(class_names[int(index)]) if class_names else str(int(index))
+    for ax in axes.ravel():
+        if not ax.images:  # past the last image, or no third row for a right prediction
+            ax.axis("off")
+    return save_figure(fig, path, "Test images (label \u2192 prediction) over their "
+                       "reconstructions; red: mis-classified")
 
 
 def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int | str],
@@ -86,8 +80,7 @@ def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int | str]
         ax.set_yticklabels([str(d) for d in range(D)], fontsize=6)
         ax.set_xlabel("perturbation", fontsize=8)
     axes[0].set_ylabel("capsule dimension", fontsize=8)
-    fig.suptitle("Each dimension of the winning capsule perturbed, then decoded", fontsize=9)
-    return save_figure(fig, path)
+    return save_figure(fig, path, "Each dimension of the winning capsule perturbed, then decoded")
 
 
 def prediction_figure(image: np.ndarray, reconstruction: np.ndarray | None,
@@ -100,14 +93,8 @@ def prediction_figure(image: np.ndarray, reconstruction: np.ndarray | None,
     show_image(axes[0], image, "input as the model saw it")
     if reconstruction is not None:
         show_image(axes[1], reconstruction, "reconstruction")
-    bars = axes[-1]
-    winner = int(np.argmax(lengths))
-    bars.bar(range(len(lengths)), lengths,
-             color=[WINNER_COLOR if j == winner else OTHER_COLOR for j in range(len(lengths))])
-    bars.set_xticks(range(len(lengths)))
+    score_bars(axes[-1], lengths)
     if class_names and any(name != str(j) for j, name in enumerate(class_names)):
-        bars.set_xticklabels([short_label(n) for n in class_names], rotation=90, fontsize=7)
-    bars.set_ylim(0, 1)
-    bars.set_title("capsule lengths", fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    return save_figure(fig, path)
+        axes[-1].set_xticklabels([short_label(n) for n in class_names], rotation=90, fontsize=7)
+    axes[-1].set_title("capsule lengths", fontsize=8)
+    return save_figure(fig, path, title)

@@ -11,17 +11,23 @@ from matplotlib.figure import Figure
 
 from capsnet.data.image_dataset import PIXEL_MAX, display_images
 from capsnet.experiments.robustness import AFFINE, ROTATION
-from capsnet.figures.common import PERCENT, RIGHT_COLOR, WRONG_COLOR, save_figure, show_image
+from capsnet.figures.common import (
+    PERCENT,
+    RIGHT_COLOR,
+    WRONG_COLOR,
+    accuracy_chart,
+    save_figure,
+    show_image,
+)
 
-ROTATION_INCHES = (7, 4.5)
 EXAMPLE_INCHES = (1.0, 1.1)  # per image: width, height of a row
 PAIR_INCHES = (1.3, 1.45)  # per pair: width, height of a row
 
 
 def rotation_figure(rows: Sequence[dict], path: str | os.PathLike, title: str = "") -> Path:
     """Accuracy against rotation angle, a line per model, its affine accuracy dotted."""
-    fig = Figure(figsize=ROTATION_INCHES)
-    ax = fig.subplots()
+    fig, ax = accuracy_chart("rotation angle (degrees, counter-clockwise)", "test accuracy (%)",
+                             title)
     labels = list(dict.fromkeys(r["model"] for r in rows))
     for index, label in enumerate(labels):
         color = f"C{index}"
@@ -33,13 +39,7 @@ def rotation_figure(rows: Sequence[dict], path: str | os.PathLike, title: str = 
             if r["model"] == label and r["transform"] == AFFINE:
                 ax.axhline(PERCENT * r["accuracy"], color=color, linestyle=":",
                            label=f"{label}: affine set ({PERCENT * r['accuracy']:.1f}%)")
-    ax.set_xlabel("rotation angle (degrees, counter-clockwise)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_ylim(0, PERCENT)
-    ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small", loc="lower center")
-    if title:
-        ax.set_title(title, fontsize="medium")
     return save_figure(fig, path)
 
 
