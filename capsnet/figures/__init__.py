@@ -5,12 +5,19 @@ from capsnet.extras import require_extra
 
 require_extra("plot")
 # ruff: noqa: E402 (the imports below come after the check)
-from capsnet.figures.capsules import manipulation_figure, prediction_figure, reconstruction_figure
+from capsnet.figures.capsules import (
+    diagnosis_figure,
+    manipulation_figure,
+    pairs_figure,
+    prediction_figure,
+    reconstruction_figure,
+)
 from capsnet.figures.common import mosaic, save_figure
 from capsnet.figures.curves import curve_series, training_curves_figure
-from capsnet.figures.robustness import examples_figure, pairs_figure, rotation_figure
+from capsnet.figures.robustness import accuracy_eps_figure, examples_figure, rotation_figure
 from capsnet.figures.routing import routing_figure, routing_types_figure
 
-__all__ = ["curve_series", "examples_figure", "manipulation_figure", "mosaic", "pairs_figure",
-           "prediction_figure", "reconstruction_figure", "rotation_figure", "routing_figure",
-           "routing_types_figure", "save_figure", "training_curves_figure"]
+__all__ = ["accuracy_eps_figure", "curve_series", "diagnosis_figure", "examples_figure",
+           "manipulation_figure", "mosaic", "pairs_figure", "prediction_figure",
+           "reconstruction_figure", "rotation_figure", "routing_figure", "routing_types_figure",
+           "save_figure", "training_curves_figure"]

@@ -1,5 +1,8 @@
 """The paper's pictures of what capsules hold: test images over their reconstructions
-(Figure 3), each pose dimension of a capsule perturbed (Figure 4), and one prediction."""
+(Figure 3), each pose dimension of a capsule perturbed (Figure 4), MultiMNIST pairs and their
+two reconstructions (Figure 5); one prediction, and an attack's diagnosis view (a clean and an
+adversarial image, their reconstructions from the true and the adversarial class's capsule,
+and the class scores of both)."""
 from __future__ import annotations
 
 import os
@@ -7,8 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 from matplotlib.figure import Figure
 
+from capsnet.data.image_dataset import PIXEL_MAX
 from capsnet.figures.common import (
     RIGHT_COLOR,
     WRONG_COLOR,
@@ -16,14 +21,19 @@ from capsnet.figures.common import (
     draw_image,
     mosaic,
     save_figure,
-    score_bars,
     short_label,
     show_image,
 )
+from capsnet.inference import to_uint8
 
 CELL_INCHES = 0.9  # side of one digit in the reconstruction grid
 GRID_CELL_INCHES = 0.32  # side of one digit in the manipulation grid
 MARGIN_INCHES = 0.7  # room for tick labels and titles
+PAIR_INCHES = (1.3, 1.45)  # per pair: width, height of a row
+PANEL_INCHES = 1.6  # per panel of the diagnosis view
+DIAGNOSIS_PANELS = 4  # image, reconstruction (true), reconstruction (adversarial), scores
+WINNER_COLOR = "tab:blue"
+OTHER_COLOR = "tab:gray"
 
 
 def reconstruction_figure(images: np.ndarray, reconstructions: np.ndarray, labels: Sequence[int],
@@ -83,6 +93,37 @@ def manipulation_figure(grids: Sequence[np.ndarray], digits: Sequence[int | str]
     return save_figure(fig, path, "Each dimension of the winning capsule perturbed, then decoded")
 
 
+def pairs_figure(images: torch.Tensor, first: torch.Tensor, second: torch.Tensor,
+                 labels: torch.Tensor, predicted: torch.Tensor, path: str | os.PathLike) -> Path:
+    """MultiMNIST pairs and their two reconstructions (the paper's Figure 5).
+
+    images (K, H, W) uint8; first, second (K, H, W) float in [0, 1]; labels, predicted
+    (K, 2). Rows: input, first (red), second (green), both overlaid."""
+    count = images.shape[0]
+    first, second = first.float().cpu().clamp(0, 1), second.float().cpu().clamp(0, 1)
+    dark = torch.zeros_like(first)  # (K, H, W)
+    rows = [("input", images.float().cpu() / PIXEL_MAX, "gray"),
+            ("capsule 1", torch.stack([first, dark, dark], -1), None),  # (K, H, W, 3) red
+            ("capsule 2", torch.stack([dark, second, dark], -1), None),  # green
+            ("both", torch.stack([first, second, dark], -1), None)]
+    width, height = PAIR_INCHES
+    fig = Figure(figsize=(width * count, height * len(rows)))
+    axes = fig.subplots(len(rows), count, squeeze=False)
+    for r, (name, pictures, cmap) in enumerate(rows):
+        for k in range(count):
+            ax = axes[r][k]
+            ax.imshow(pictures[k].numpy(), cmap=cmap, vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                true, guess = labels[k].tolist(), predicted[k].tolist()
+                ok = sorted(true) == sorted(guess)
+                ax.set_title(f"L {true[0]},{true[1]}\nR {guess[0]},{guess[1]}",
+                             fontsize="small", color=RIGHT_COLOR if ok else WRONG_COLOR)
+        axes[r][0].set_ylabel(name, fontsize="small")
+    return save_figure(fig, path)
+
+
 def prediction_figure(image: np.ndarray, reconstruction: np.ndarray | None,
                       lengths: Sequence[float], title: str, path: str | os.PathLike,
                       class_names: Sequence[str] | None = None) -> Path:
@@ -93,8 +134,45 @@ def prediction_figure(image: np.ndarray, reconstruction: np.ndarray | None,
     show_image(axes[0], image, "input as the model saw it")
     if reconstruction is not None:
         show_image(axes[1], reconstruction, "reconstruction")
-    score_bars(axes[-1], lengths)
+    _score_bars(axes[-1], lengths)
     if class_names and any(name != str(j) for j, name in enumerate(class_names)):
         axes[-1].set_xticklabels([short_label(n) for n in class_names], rotation=90, fontsize=7)
     axes[-1].set_title("capsule lengths", fontsize=8)
     return save_figure(fig, path, title)
+
+
+def diagnosis_figure(view: dict[str, torch.Tensor], path: str | os.PathLike,
+                     count: int = 4, title: str = "") -> Path:
+    """For each of ``count`` examples of a :func:`capsnet.attacks.capsule.diagnosis` view,
+    two rows (clean, adversarial): the image, its reconstructions from the true and the
+    adversarial class's capsule, and its class scores as bars."""
+    count = min(count, len(view["labels"]))
+    fig = Figure(figsize=(PANEL_INCHES * DIAGNOSIS_PANELS, PANEL_INCHES * 2 * count))
+    axes = fig.subplots(2 * count, DIAGNOSIS_PANELS, squeeze=False)
+    for i in range(count):
+        true, adv = int(view["labels"][i]), int(view["adversarial_class"][i])
+        for k, name in enumerate(("clean", "adversarial")):
+            row = axes[2 * i + k]
+            show_image(row[0], to_uint8(view[name][i]), f"{name} (true {true})",
+                       WRONG_COLOR if name == "adversarial" and adv != true else RIGHT_COLOR)
+            for col, which, cls in ((1, "true", true), (2, "adversarial", adv)):
+                recon = view.get(f"{name}_reconstruction_{which}")
+                if recon is None:
+                    row[col].axis("off")
+                    continue
+                show_image(row[col], to_uint8(recon[i]), f"recon. as {cls}")
+            _score_bars(row[3], view[f"{name}_scores"][i].cpu().numpy())
+            row[3].tick_params(labelsize=6)
+            if i == 0 and k == 0:
+                row[3].set_title("class scores", fontsize=8)
+    fig.subplots_adjust(hspace=0.45)
+    return save_figure(fig, path, title)
+
+
+def _score_bars(ax, scores: Sequence[float]) -> None:
+    """Class scores (J,) in [0, 1] as bars, the highest in the winner's colour."""
+    winner = int(np.argmax(scores))
+    ax.bar(range(len(scores)), scores,
+           color=[WINNER_COLOR if j == winner else OTHER_COLOR for j in range(len(scores))])
+    ax.set_xticks(range(len(scores)))
+    ax.set_ylim(0, 1)

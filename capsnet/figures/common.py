@@ -1,6 +1,6 @@
-"""What every figure shares: the PNG writer, colours, sizes, tiling of images (uint8, (H, W)
-grey or (H, W, 3) RGB), class-score bars and accuracy charts, on ``matplotlib.figure.Figure``
-(Agg), never pyplot."""
+"""What every figure shares: the PNG writer, colours, sizes, tiling of images (uint8,
+(H, W) grey or (H, W, 3) RGB) and class labels, on ``matplotlib.figure.Figure`` (Agg),
+never pyplot."""
 from __future__ import annotations
 
 import os
@@ -16,12 +16,9 @@ from capsnet.data.image_dataset import PIXEL_MAX
 DPI = 100
 WRONG_COLOR = "tab:red"
 RIGHT_COLOR = "black"
-WINNER_COLOR = "tab:blue"
-OTHER_COLOR = "tab:gray"
 PAD_VALUE = 128  # grey separator between tiles of a mosaic
 PERCENT = 100.0
 TITLE_FONTSIZE = 9
-CHART_INCHES = (7, 4.5)  # accuracy charts
 
 
 def save_figure(fig: Figure, path: str | os.PathLike, title: str | None = None) -> Path:
@@ -70,25 +67,3 @@ def short_label(text: str, limit: int = 12) -> str:
 def class_label(index: int, class_names: Sequence[str] | None) -> str:
     """Class ``index`` by its (shortened) name, or as a number without names."""
     return short_label(class_names[int(index)]) if class_names else str(int(index))
-
-
-def score_bars(ax, scores: Sequence[float]) -> None:
-    """Class scores (J,) in [0, 1] as bars, the highest in the winner's colour."""
-    winner = int(np.argmax(scores))
-    ax.bar(range(len(scores)), scores,
-           color=[WINNER_COLOR if j == winner else OTHER_COLOR for j in range(len(scores))])
-    ax.set_xticks(range(len(scores)))
-    ax.set_ylim(0, 1)
-
-
-def accuracy_chart(xlabel: str, ylabel: str, title: str = ""):
-    """An empty chart (figure, axes) with a 0-100% y axis and a light grid, titled if given."""
-    fig = Figure(figsize=CHART_INCHES)
-    ax = fig.subplots()
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_ylim(0, PERCENT)
-    ax.grid(True, alpha=0.3)
-    if title:
-        ax.set_title(title, fontsize="medium")
-    return fig, ax

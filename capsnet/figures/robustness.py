@@ -1,5 +1,5 @@
-"""Figures of the robustness experiments: accuracy against rotation, example test digits of
-each transformed set, and MultiMNIST pairs with their two reconstructions."""
+"""Figures of the robustness experiments: accuracy against rotation and against attack
+strength (eps), and example test digits of each transformed set."""
 from __future__ import annotations
 
 import os
@@ -7,27 +7,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from capsnet.data.image_dataset import PIXEL_MAX, display_images
+from capsnet.data.image_dataset import display_images
 from capsnet.experiments.robustness import AFFINE, ROTATION
-from capsnet.figures.common import (
-    PERCENT,
-    RIGHT_COLOR,
-    WRONG_COLOR,
-    accuracy_chart,
-    save_figure,
-    show_image,
-)
+from capsnet.figures.common import PERCENT, save_figure, show_image
 
+CHART_INCHES = (7, 4.5)
 EXAMPLE_INCHES = (1.0, 1.1)  # per image: width, height of a row
-PAIR_INCHES = (1.3, 1.45)  # per pair: width, height of a row
 
 
 def rotation_figure(rows: Sequence[dict], path: str | os.PathLike, title: str = "") -> Path:
     """Accuracy against rotation angle, a line per model, its affine accuracy dotted."""
-    fig, ax = accuracy_chart("rotation angle (degrees, counter-clockwise)", "test accuracy (%)",
-                             title)
+    fig, ax = _accuracy_chart("rotation angle (degrees, counter-clockwise)", "test accuracy (%)",
+                              title)
     labels = list(dict.fromkeys(r["model"] for r in rows))
     for index, label in enumerate(labels):
         color = f"C{index}"
@@ -40,6 +34,23 @@ def rotation_figure(rows: Sequence[dict], path: str | os.PathLike, title: str = 
                 ax.axhline(PERCENT * r["accuracy"], color=color, linestyle=":",
                            label=f"{label}: affine set ({PERCENT * r['accuracy']:.1f}%)")
     ax.legend(fontsize="small", loc="lower center")
+    return save_figure(fig, path)
+
+
+def accuracy_eps_figure(rows: Sequence[dict], path: str | os.PathLike, title: str = "") -> Path:
+    """Robust accuracy against eps, one line per model and attack (and loss), starting
+    from the clean accuracy at eps 0."""
+    fig, ax = _accuracy_chart("eps (L-inf or L2, as the attack's norm)", "robust accuracy (%)",
+                              title)
+    curves: dict[str, list[dict]] = {}
+    for r in rows:
+        curves.setdefault(f"{r['model']}: {r['attack']} ({r['loss']})", []).append(r)
+    for label, mine in curves.items():
+        mine = sorted(mine, key=lambda r: r["eps"])
+        eps = [0.0] + [r["eps"] for r in mine]  # eps 0: the clean accuracy
+        accuracy = [mine[0]["clean_accuracy"]] + [r["robust_accuracy"] for r in mine]
+        ax.plot(eps, [PERCENT * a for a in accuracy], marker="o", label=label)
+    ax.legend(fontsize="small")
     return save_figure(fig, path)
 
 
@@ -57,32 +68,14 @@ def examples_figure(sets: dict[str, torch.Tensor], path: str | os.PathLike,
     return save_figure(fig, path)
 
 
-def pairs_figure(images: torch.Tensor, first: torch.Tensor, second: torch.Tensor,
-                 labels: torch.Tensor, predicted: torch.Tensor, path: str | os.PathLike) -> Path:
-    """MultiMNIST pairs and their two reconstructions (the paper's Figure 5).
-
-    images (K, H, W) uint8; first, second (K, H, W) float in [0, 1]; labels, predicted
-    (K, 2). Rows: input, first (red), second (green), both overlaid."""
-    count = images.shape[0]
-    first, second = first.float().cpu().clamp(0, 1), second.float().cpu().clamp(0, 1)
-    dark = torch.zeros_like(first)  # (K, H, W)
-    rows = [("input", images.float().cpu() / PIXEL_MAX, "gray"),
-            ("capsule 1", torch.stack([first, dark, dark], -1), None),  # (K, H, W, 3) red
-            ("capsule 2", torch.stack([dark, second, dark], -1), None),  # green
-            ("both", torch.stack([first, second, dark], -1), None)]
-    width, height = PAIR_INCHES
-    fig = Figure(figsize=(width * count, height * len(rows)))
-    axes = fig.subplots(len(rows), count, squeeze=False)
-    for r, (name, pictures, cmap) in enumerate(rows):
-        for k in range(count):
-            ax = axes[r][k]
-            ax.imshow(pictures[k].numpy(), cmap=cmap, vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if r == 0:
-                true, guess = labels[k].tolist(), predicted[k].tolist()
-                ok = sorted(true) == sorted(guess)
-                ax.set_title(f"L {true[0]},{true[1]}\nR {guess[0]},{guess[1]}",
-                             fontsize="small", color=RIGHT_COLOR if ok else WRONG_COLOR)
-        axes[r][0].set_ylabel(name, fontsize="small")
-    return save_figure(fig, path)
+def _accuracy_chart(xlabel: str, ylabel: str, title: str = "") -> tuple[Figure, Axes]:
+    """An empty chart (figure, axes) with a 0-100% y axis and a light grid, titled if given."""
+    fig = Figure(figsize=CHART_INCHES)
+    ax = fig.subplots()
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, PERCENT)
+    ax.grid(True, alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize="medium")
+    return fig, ax
