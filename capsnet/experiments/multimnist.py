@@ -168,6 +168,8 @@ def pairs_correct(lengths: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def model_inputs(pairs: DigitPairs) -> tuple[torch.Tensor, torch.Tensor]:
     """Float model input (B, 1, S, S) and reconstruction targets (B, 2, 1, S, S) in [0, 1]."""
     return to_model_input(pairs.images), to_model_input(pairs.digits).unsqueeze(2)
+
+
 def train_pairs_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
                       labels: torch.Tensor, order: torch.Tensor, options: StepOptions,
                       generator: torch.Generator | None = None) -> dict:

@@ -16,6 +16,8 @@ from capsnet.data.image_dataset import PIXEL_MAX
 DPI = 100
 WRONG_COLOR = "tab:red"
 RIGHT_COLOR = "black"
+WINNER_COLOR = "tab:blue"
+OTHER_COLOR = "tab:gray"
 PAD_VALUE = 128  # grey separator between tiles of a mosaic
 PERCENT = 100.0
 TITLE_FONTSIZE = 9

@@ -1,8 +1,8 @@
-"""The paper's pictures of what capsules hold: test images over their reconstructions
-(Figure 3), each pose dimension of a capsule perturbed (Figure 4), MultiMNIST pairs and their
-two reconstructions (Figure 5); one prediction, and an attack's diagnosis view (a clean and an
+"""Pictures made of images: the paper's test images over their reconstructions (Figure 3),
+each pose dimension of a capsule perturbed (Figure 4), MultiMNIST pairs and their two
+reconstructions (Figure 5); one prediction, an attack's diagnosis view (a clean and an
 adversarial image, their reconstructions from the true and the adversarial class's capsule,
-and the class scores of both)."""
+and the class scores of both), and example digits of transformed test sets."""
 from __future__ import annotations
 
 import os
@@ -13,9 +13,11 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from capsnet.data.image_dataset import PIXEL_MAX
+from capsnet.data.image_dataset import PIXEL_MAX, display_images
 from capsnet.figures.common import (
+    OTHER_COLOR,
     RIGHT_COLOR,
+    WINNER_COLOR,
     WRONG_COLOR,
     class_label,
     draw_image,
@@ -32,8 +34,7 @@ MARGIN_INCHES = 0.7  # room for tick labels and titles
 PAIR_INCHES = (1.3, 1.45)  # per pair: width, height of a row
 PANEL_INCHES = 1.6  # per panel of the diagnosis view
 DIAGNOSIS_PANELS = 4  # image, reconstruction (true), reconstruction (adversarial), scores
-WINNER_COLOR = "tab:blue"
-OTHER_COLOR = "tab:gray"
+EXAMPLE_INCHES = (1.0, 1.1)  # per image: width, height of a row
 
 
 def reconstruction_figure(images: np.ndarray, reconstructions: np.ndarray, labels: Sequence[int],
@@ -167,6 +168,20 @@ def diagnosis_figure(view: dict[str, torch.Tensor], path: str | os.PathLike,
                 row[3].set_title("class scores", fontsize=8)
     fig.subplots_adjust(hspace=0.45)
     return save_figure(fig, path, title)
+
+
+def examples_figure(sets: dict[str, torch.Tensor], path: str | os.PathLike,
+                    count: int = 10) -> Path:
+    """A row of ``count`` images (N, [C,] H, W) uint8 for each named set."""
+    width, height = EXAMPLE_INCHES
+    fig = Figure(figsize=(width * count, height * len(sets)))
+    axes = fig.subplots(len(sets), count, squeeze=False)
+    for row, (name, images) in enumerate(sets.items()):
+        shown = display_images(images[:count])  # (count, H, W) or (count, H, W, 3)
+        for col in range(count):
+            show_image(axes[row][col], shown[col])
+        axes[row][0].set_ylabel(name, rotation=0, ha="right", va="center", fontsize="small")
+    return save_figure(fig, path)
 
 
 def _score_bars(ax, scores: Sequence[float]) -> None:
