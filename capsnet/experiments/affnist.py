@@ -62,6 +62,7 @@ def compare(models: Sequence[NamedModel], images: torch.Tensor, labels: torch.Te
 
 
 def format_comparison(rows: Sequence[dict]) -> str:
+    """The rows of :func:`compare` as a plain-text table (accuracy in percent)."""
     width = max([len(r["model"]) for r in rows] + [len("model")])
     lines = [f"{'model':<{width}} {'parameters':>10} {'MNIST (placed)':>14} {'affine':>8}"]
     lines += [f"{r['model']:<{width}} {r['parameters']:>10,} {100 * r['mnist_accuracy']:>13.2f}% "
