@@ -62,9 +62,7 @@ def training_curves_figure(rows: Sequence[dict], path: str | os.PathLike,
             ax.legend(fontsize=8)
             if all(v > 0 for line in ax.lines for v in line.get_ydata()):
                 ax.set_yscale("log")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return save_figure(fig, path)
+    return save_figure(fig, path, title)
 
 
 def rotation_figure(rows: Sequence[dict], path: str | os.PathLike, title: str = "") -> Path:
