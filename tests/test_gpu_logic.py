@@ -106,8 +106,7 @@ def test_a_non_finite_loss_on_another_rank_stops_this_one_too():
 def test_multimnist_validation_is_shared_out_and_summed(monkeypatch):
     """Each of two ranks evaluates every other pair; summed, the accuracy is one
     process's, the same number on both ranks."""
-    from capsnet.experiments import multimnist_training as mm
-    from capsnet.experiments.multimnist import pair_set
+    from capsnet.experiments import multimnist as mm
     from capsnet.training import distributed
     from capsnet.training.distributed import World
 
@@ -115,7 +114,7 @@ def test_multimnist_validation_is_shared_out_and_summed(monkeypatch):
     model = CapsNet(CapsNetConfig(image_size=36, conv1_channels=8, primary_types=2,
                                   decoder_hidden=(16,)))
     images = torch.randint(0, 256, (30, 28, 28), dtype=torch.uint8)
-    pairs = pair_set(images, torch.arange(30) % 10, 15, seed=1)
+    pairs = mm.pair_set(images, torch.arange(30) % 10, 15, seed=1)
     whole = mm.evaluate_pairs(model, pairs, batch_size=4)["accuracy"]
     counts = {}
 

@@ -11,21 +11,20 @@ from capsnet.checkpoint import model_from_checkpoint
 from capsnet.cli.main import main
 from capsnet.experiments.multimnist import (
     canvas_size,
+    evaluate_pairs,
     make_pairs,
     model_inputs,
     pair_loss,
     pair_set,
     pairs_correct,
     partner_indices,
-    two_hot,
-)
-from capsnet.experiments.multimnist_training import (
-    evaluate_pairs,
     reconstruct_pairs,
     train_pairs_epoch,
+    two_hot,
 )
 from capsnet.losses import margin_loss, reconstruction_loss
 from capsnet.models import build_model, make_config
+from capsnet.training.loop import StepOptions
 
 TINY = dict(conv1_channels=8, primary_types=4, decoder_hidden=(16, 32))  # fast unit tests
 
@@ -126,7 +125,8 @@ def test_one_epoch_trains_and_the_metric_is_a_fraction():
     before = [p.detach().clone() for p in model.parameters()]
     images, labels = digits(20)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    row = train_pairs_epoch(model, optimizer, images, labels, torch.arange(20), 10, 4, 0.0005,
+    options = StepOptions(batch_size=10, max_shift=4, reconstruction_weight=0.0005)
+    row = train_pairs_epoch(model, optimizer, images, labels, torch.arange(20), options,
                             torch.Generator().manual_seed(0))
     assert row["train_loss"] > 0 and 0 <= row["train_accuracy"] <= 1
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=False))

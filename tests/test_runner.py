@@ -10,7 +10,7 @@ import torch
 from capsnet.checkpoint import CheckpointError, load_checkpoint
 from capsnet.cli.main import main
 from capsnet.experiments.affnist import train_affnist
-from capsnet.experiments.multimnist_training import train_multimnist
+from capsnet.experiments.multimnist import train_multimnist
 from capsnet.training.metrics_log import read_metrics
 from capsnet.training.runner import Task, run_task
 from capsnet.training.settings import TrainSettings

@@ -189,7 +189,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _figures(args, named, rows, x, y, settings, out: Path) -> None:
-    from capsnet.figures.adversarial import accuracy_eps_figure, diagnosis_figure
+    from capsnet.figures import accuracy_eps_figure, diagnosis_figure
 
     accuracy_eps_figure(rows, out / "accuracy-eps.png",
                         f"{len(y)} test images, {settings.steps} steps, loss {settings.loss}")

@@ -15,11 +15,13 @@ from capsnet.cli.args import (
 )
 from capsnet.data.datasets import load_split
 from capsnet.experiments import TEST_SEED
-from capsnet.experiments.multimnist import MAX_SHIFT, pair_set, shift_for
-from capsnet.experiments.multimnist_training import (
+from capsnet.experiments.multimnist import (
+    MAX_SHIFT,
     TEST_PAIRS,
     evaluate_pairs,
+    pair_set,
     reconstruct_pairs,
+    shift_for,
     train_multimnist,
 )
 from capsnet.inference import model_device

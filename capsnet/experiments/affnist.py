@@ -31,16 +31,15 @@ def placed(images: torch.Tensor, canvas: int, seed: int) -> torch.Tensor:
     return place_on_canvas(images, canvas, torch.Generator().manual_seed(seed))
 
 
-def evaluation_sets(images: torch.Tensor, canvas: int = CANVAS, seed: int = TEST_SEED,
-              ranges: AffineRanges = AffineRanges()) -> dict[str, torch.Tensor]:
-    """The protocol's test sets (N, canvas, canvas) uint8: 'mnist' (placed) and 'affine'."""
+def evaluation_sets(images: torch.Tensor, canvas: int, seed: int) -> dict[str, torch.Tensor]:
+    """The protocol's test sets (N, canvas, canvas) uint8: 'mnist' (placed) and 'affine' (with
+    affNIST's ranges)."""
     return {"mnist": placed(images, canvas, seed),
-            "affine": affine_set(images, ranges, seed, out_size=canvas)}
+            "affine": affine_set(images, AffineRanges(), seed, out_size=canvas)}
 
 
 def compare(models: Sequence[NamedModel], images: torch.Tensor, labels: torch.Tensor,
-            seed: int = TEST_SEED, ranges: AffineRanges = AffineRanges(),
-            batch_size: int = 500) -> list[dict]:
+            seed: int = TEST_SEED, batch_size: int = 500) -> list[dict]:
     """A row per model: its accuracy on the placed MNIST test digits and on the affine set.
     Every model must take the same square input size (the canvas)."""
     sizes = {m.image_size for m in models}
@@ -51,7 +50,7 @@ def compare(models: Sequence[NamedModel], images: torch.Tensor, labels: torch.Te
     if canvas <= images.shape[-1]:
         raise ValueError(f"the models take {canvas}x{canvas} images: train them on a larger "
                          f"canvas with `capsnet affnist train` (default {CANVAS})")
-    sets = evaluation_sets(images, canvas, seed, ranges)
+    sets = evaluation_sets(images, canvas, seed)
     rows = []
     for m in models:
         acc = {name: evaluate(m.model, x, labels, batch_size=batch_size).accuracy
@@ -63,6 +62,7 @@ def compare(models: Sequence[NamedModel], images: torch.Tensor, labels: torch.Te
 
 
 def format_comparison(rows: Sequence[dict]) -> str:
+    """The rows of :func:`compare` as a plain-text table (accuracy in percent)."""
     width = max([len(r["model"]) for r in rows] + [len("model")])
     lines = [f"{'model':<{width}} {'parameters':>10} {'MNIST (placed)':>14} {'affine':>8}"]
     lines += [f"{r['model']:<{width}} {r['parameters']:>10,} {100 * r['mnist_accuracy']:>13.2f}% "
@@ -95,9 +95,8 @@ class AffnistTask(Task):
 
     def initialisation_images(self) -> torch.Tensor:
         """The first training digits, placed on the canvas as an epoch would place them."""
-        count = INITIALISATION_IMAGES
-        digits = placed(self.images[:count], self.canvas, self.settings.seed)
-        return to_model_input(digits)
+        digits = placed(self.images[:INITIALISATION_IMAGES], self.canvas, self.settings.seed)
+        return to_model_input(digits)  # (B, 1, canvas, canvas)
 
     def train_epoch(self, model: nn.Module, optimizer, epoch: int, world: World,
                     on_progress: Progress) -> dict:
@@ -121,11 +120,9 @@ class AffnistTask(Task):
 
     def final_report(self, final: nn.Module, best: nn.Module | None, state: dict,
                      log: Log) -> dict:
-        test = self.data.test
-        limit = self.settings.test_limit
-        count = len(test.labels) if limit is None else min(limit, len(test.labels))
+        test, limit = self.data.test, self.settings.test_limit  # limit None: every test digit
         selected = NamedModel(self.settings.model, best if best is not None else final)
-        row = compare([selected], test.images[:count], test.labels[:count])[0]
+        row = compare([selected], test.images[:limit], test.labels[:limit])[0]
         log(f"test: {100 * row['mnist_accuracy']:.2f}% on placed MNIST, "
             f"{100 * row['affine_accuracy']:.2f}% on the affine set "
             f"(validation-selected epoch {state['best_epoch']})")
@@ -135,5 +132,5 @@ class AffnistTask(Task):
 def train_affnist(settings: TrainSettings, resume: str | None = None,
                   argv: list[str] | None = None, log: Callable[[str], None] = print) -> dict:
     """Train ``settings.model`` under the affNIST protocol; returns results.json's content."""
-    placed = dataclasses.replace(settings, task="affnist", augment="shift", max_shift=0)
-    return run_task(AffnistTask(placed), resume, argv, log)
+    settings = dataclasses.replace(settings, task="affnist", augment="shift", max_shift=0)
+    return run_task(AffnistTask(settings), resume, argv, log)

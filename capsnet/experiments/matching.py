@@ -39,22 +39,17 @@ def kept_checkpoints(run_dir: str | Path) -> list[KeptCheckpoint]:
     return [by_epoch[epoch] for epoch in sorted(by_epoch)]
 
 
-def common_level(runs: Sequence[Sequence[KeptCheckpoint]]) -> float:
-    """The highest validation accuracy every run reached in some kept checkpoint."""
-    return min(max(kept.val_accuracy for kept in run) for run in runs)
-
-
 def matched_checkpoints(run_dirs: Sequence[str | Path],
                         accuracy: float | None = None) -> tuple[float, list[KeptCheckpoint]]:
-    """(level, each run's earliest checkpoint reaching ``accuracy``, default the common
-    level); ValueError naming a run that never reached it."""
+    """(level, each run's earliest checkpoint reaching ``accuracy``, by default the highest
+    level every run reached); ValueError naming a run that never reached it."""
     runs = [kept_checkpoints(run_dir) for run_dir in run_dirs]
-    level = common_level(runs) if accuracy is None else accuracy
+    bests = [max(kept.val_accuracy for kept in run) for run in runs]
+    level = min(bests) if accuracy is None else accuracy
     chosen = []
-    for run_dir, run in zip(run_dirs, runs, strict=True):
+    for run_dir, run, best in zip(run_dirs, runs, bests, strict=True):
         reaching = [kept for kept in run if kept.val_accuracy >= level]
         if not reaching:
-            best = max(kept.val_accuracy for kept in run)
             raise ValueError(f"{run_dir}: no kept checkpoint reaches validation accuracy "
                              f"{level:.4f} (its best is {best:.4f})")
         chosen.append(reaching[0])

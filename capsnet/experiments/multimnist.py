@@ -1,8 +1,11 @@
 """MultiMNIST (Sabour et al. 2017, section 6): two digits of different classes, each shifted by
 up to ``max_shift`` pixels on a 28 + 2 max_shift canvas, summed and clipped at 255; the loss
-that trains both capsules and reconstructions, and the top-2 metric."""
+that trains both capsules and reconstructions, the top-2 metric, and training on a fresh
+pairing of the training digits every epoch."""
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -11,13 +14,28 @@ from torch import nn
 
 from capsnet.data.augment import random_shift
 from capsnet.data.image_dataset import PIXEL_MAX, to_model_input
+from capsnet.data.splits import epoch_order
 from capsnet.data.transforms import place_on_canvas
+from capsnet.experiments import SEED_STRIDE, TEST_SEED
+from capsnet.inference import require_decoder
 from capsnet.losses import RECONSTRUCTION_WEIGHT, margin_loss, reconstruction_loss
 from capsnet.models import unwrap
 from capsnet.models.precision import autocast_to
+from capsnet.training import distributed
+from capsnet.training.distributed import World
+from capsnet.training.fit import data_overrides, protocol_data
+from capsnet.training.loop import (
+    StepOptions,
+    backward_and_step,
+    checked_mean_loss,
+    predict_scores,
+)
+from capsnet.training.runner import Log, Progress, Task, run_task
+from capsnet.training.settings import TrainSettings
 
 MAX_SHIFT = 4  # the paper: each digit shifted up to 4 pixels in each direction
 DIGITS_PER_IMAGE = 2
+TEST_PAIRS = 10_000
 
 
 def canvas_size(digit_size: int, max_shift: int = MAX_SHIFT) -> int:
@@ -90,29 +108,20 @@ def partner_indices(labels: torch.Tensor, first: torch.Tensor,
     return index.by_class[index.starts[other] + within]  # (M,)
 
 
-def shift_on_canvas(digits: torch.Tensor, max_shift: int = MAX_SHIFT,
-                    generator: torch.Generator | None = None) -> torch.Tensor:
-    """Centre each digit (M, H, W) on an H + 2 max_shift canvas, shifted randomly -> (M, S, S)."""
-    centred = place_on_canvas(digits, canvas_size(digits.shape[-1], max_shift))  # (M, S, S)
-    return random_shift(centred.unsqueeze(1), max_shift, generator).squeeze(1)  # (M, S, S)
-
-
-def overlay(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Pixel-wise sum of two uint8 image batches, clipped at 255."""
-    return (a.int() + b.int()).clamp_max(PIXEL_MAX).to(torch.uint8)
-
-
 def make_pairs(images: torch.Tensor, labels: torch.Tensor, first: torch.Tensor,
                max_shift: int = MAX_SHIFT, generator: torch.Generator | None = None,
                index: ClassIndex | None = None) -> DigitPairs:
     """One pair per index of ``first`` (M,): that digit over a random digit of another class,
-    partners then shifts drawn from ``generator``."""
+    each centred on the canvas and shifted, summed and clipped at 255; partners then shifts
+    drawn from ``generator``."""
     second = partner_indices(labels, first, generator, index)  # (M,)
     both = torch.stack([first, second], dim=1)  # (M, 2)
-    M = both.shape[0]
-    digits = shift_on_canvas(images[both.flatten()], max_shift, generator)  # (2M, S, S)
-    digits = digits.view(M, DIGITS_PER_IMAGE, *digits.shape[-2:])  # (M, 2, S, S)
-    return DigitPairs(overlay(digits[:, 0], digits[:, 1]), labels[both], digits)
+    M, S = both.shape[0], canvas_size(images.shape[-1], max_shift)
+    centred = place_on_canvas(images[both.flatten()], S)  # (2M, S, S)
+    digits = random_shift(centred.unsqueeze(1), max_shift, generator)  # (2M, 1, S, S)
+    digits = digits.view(M, DIGITS_PER_IMAGE, S, S)  # (M, 2, S, S)
+    overlay = (digits[:, 0].int() + digits[:, 1].int()).clamp_max(PIXEL_MAX)  # (M, S, S)
+    return DigitPairs(overlay.to(torch.uint8), labels[both], digits)
 
 
 def pair_set(images: torch.Tensor, labels: torch.Tensor, count: int, seed: int,
@@ -159,3 +168,113 @@ def pairs_correct(lengths: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def model_inputs(pairs: DigitPairs) -> tuple[torch.Tensor, torch.Tensor]:
     """Float model input (B, 1, S, S) and reconstruction targets (B, 2, 1, S, S) in [0, 1]."""
     return to_model_input(pairs.images), to_model_input(pairs.digits).unsqueeze(2)
+
+
+def train_pairs_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
+                      labels: torch.Tensor, order: torch.Tensor, options: StepOptions,
+                      generator: torch.Generator | None = None) -> dict:
+    """One epoch over pairs whose first digits are ``images[order]`` (N, 28, 28), each digit
+    shifted by up to ``options.max_shift``, partners and shifts from ``generator``.
+    Returns {'train_loss', 'train_accuracy'} (both digits right)."""
+    model.train()
+    device = images.device
+    index = ClassIndex.of(labels)  # once per epoch: no host sync per step
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    for idx in order.split(options.batch_size):
+        pairs = make_pairs(images, labels, idx, options.max_shift, generator, index)  # (B, S, S)
+        x, digits = model_inputs(pairs)  # (B, 1, S, S), (B, 2, 1, S, S)
+        loss, out = pair_loss(model, x, pairs.labels, digits, options.reconstruction_weight)
+        optimizer.zero_grad(set_to_none=True)
+        backward_and_step(loss, optimizer, options.grad_scaler)
+        loss_sum += loss.detach() * idx.numel()
+        correct += pairs_correct(out.lengths.detach(), pairs.labels).sum()
+    checked_mean_loss(loss_sum, order.numel(), options.sum_over_ranks, "in a MultiMNIST epoch")
+    return {"train_loss": loss_sum.item() / max(order.numel(), 1),
+            "train_accuracy": correct.item() / max(order.numel(), 1)}
+
+
+def evaluate_pairs(model: nn.Module, pairs: DigitPairs, batch_size: int = 500,
+                   world: World | None = None) -> dict:
+    """The paper's MultiMNIST metric (the two most active capsules are the pair's digits),
+    each rank taking every world-th pair. Returns {'accuracy', 'error', 'pairs'}."""
+    world = world or World()
+    mine = pairs.subset(slice(world.rank, None, world.size))  # every world-th pair
+    lengths = predict_scores(model, mine.images, batch_size)  # (n, J)
+    correct = pairs_correct(lengths, mine.labels).sum()
+    accuracy = distributed.all_reduce_sum(correct, world).item() / max(len(pairs), 1)
+    return {"accuracy": accuracy, "error": 1.0 - accuracy, "pairs": len(pairs)}
+
+
+@torch.no_grad()
+def reconstruct_pairs(model: nn.Module, pairs: DigitPairs) -> tuple[torch.Tensor, ...]:
+    """Each pair reconstructed from its two most active capsules: first, second (K, S, S)
+    in [0, 1], and those capsules (K, 2)."""
+    model.eval()
+    require_decoder(model)
+    out = model(to_model_input(pairs.images))  # poses (K, J, D)
+    chosen = top_two(out.lengths)  # (K, 2)
+    first = model.decoder(out.poses, chosen[:, 0])[:, 0]  # (K, S, S)
+    second = model.decoder(out.poses, chosen[:, 1])[:, 0]  # (K, S, S)
+    return first, second, chosen
+
+
+class MultiMnistTask(Task):
+    """Fresh pairs every epoch, validation pairs of held-out digits, the selected model
+    tested on ``test_pairs`` pairs with the top-2 metric."""
+
+    name = "multimnist"
+
+    def prepare(self, device: torch.device) -> None:
+        s = self.settings
+        if s.model != "capsnet":
+            raise ValueError("MultiMNIST training is for CapsNet (its two active capsules)")
+        self.data, self.images, self.labels = protocol_data(s, device, "MultiMNIST")
+        d = self.data
+        self.val = pair_set(d.train.images[d.val_idx], d.train.labels[d.val_idx],
+                            len(d.val_idx), s.seed, s.max_shift)
+        self.epoch_size = len(self.labels)
+        self.side = canvas_size(self.images.shape[-1], s.max_shift)
+
+    def model_overrides(self) -> dict:
+        return data_overrides(self.settings, self.data, image_size=self.side)
+
+    def describe(self, world: World) -> str:
+        return (f"MultiMNIST: {len(self.images)} training digits paired afresh each epoch, "
+                f"{len(self.val)} validation pairs, {self.side}x{self.side} images; device "
+                f"{world.device}")
+
+    def train_epoch(self, model: nn.Module, optimizer, epoch: int, world: World,
+                    on_progress: Progress) -> dict:
+        s, device = self.settings, world.device
+        order = epoch_order(len(self.images), s.seed, epoch, device)
+        order = distributed.shard_order(order, world.rank, world.size)
+        g = torch.Generator(device=device).manual_seed(s.seed * SEED_STRIDE + epoch + world.rank)
+        options = StepOptions(distributed.per_rank_batch(s.batch_size, world), s.max_shift,
+                              s.reconstruction_weight, grad_scaler=self.grad_scaler,
+                              sum_over_ranks=distributed.summer(world))
+        result = train_pairs_epoch(model, optimizer, self.images, self.labels, order, options, g)
+        return {**result, "images": len(order)}
+
+    def validate(self, model: nn.Module, world: World) -> dict:
+        """Validation pairs shared out to the ranks and their counts summed."""
+        return {"val_accuracy": evaluate_pairs(model, self.val, world=world)["accuracy"]}
+
+    def final_report(self, final: nn.Module, best: nn.Module | None, state: dict,
+                     log: Log) -> dict:
+        s, d = self.settings, self.data
+        test = pair_set(d.test.images, d.test.labels, s.test_pairs or TEST_PAIRS, TEST_SEED,
+                        s.max_shift)
+        result = evaluate_pairs(best if best is not None else final, test)
+        log(f"MultiMNIST test: {100 * result['accuracy']:.2f}% of {len(test)} pairs with both "
+            f"digits right (error {100 * result['error']:.2f}%), validation-selected epoch "
+            f"{state['best_epoch']}")
+        return {"test": result, "test_seed": TEST_SEED}
+
+
+def train_multimnist(settings: TrainSettings, resume: str | None = None,
+                     argv: list[str] | None = None,
+                     log: Callable[[str], None] = print) -> dict:
+    """Train a CapsNet on MultiMNIST as ``settings`` say; returns (and writes) results.json."""
+    return run_task(MultiMnistTask(dataclasses.replace(settings, task="multimnist")), resume,
+                    argv, log)

@@ -1,8 +1,10 @@
-"""What every figure shares: the PNG writer, colours, sizes and tiling of images (uint8,
-(H, W) grey or (H, W, 3) RGB), on ``matplotlib.figure.Figure`` (Agg), never pyplot."""
+"""What every figure shares: the PNG writer, colours, sizes, tiling of images (uint8,
+(H, W) grey or (H, W, 3) RGB) and class labels, on ``matplotlib.figure.Figure`` (Agg),
+never pyplot."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +20,14 @@ WINNER_COLOR = "tab:blue"
 OTHER_COLOR = "tab:gray"
 PAD_VALUE = 128  # grey separator between tiles of a mosaic
 PERCENT = 100.0
+TITLE_FONTSIZE = 9
 
 
-def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
-    """Write ``fig`` as a PNG at ``path``, atomically (folders made as needed); returns the path."""
+def save_figure(fig: Figure, path: str | os.PathLike, title: str | None = None) -> Path:
+    """Write ``fig``, under ``title`` if given, as a PNG at ``path``, atomically (folders made
+    as needed); returns the path."""
+    if title:
+        fig.suptitle(title, fontsize=TITLE_FONTSIZE)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
     return Path(path)
@@ -38,13 +44,12 @@ def mosaic(tiles: np.ndarray, pad: int = 1, pad_value: int = PAD_VALUE) -> np.nd
     return out
 
 
-def draw_image(ax, image: np.ndarray, alpha: float = 1.0) -> None:
+def draw_image(ax, image: np.ndarray) -> None:
     """An image (H, W) grey or (H, W, 3) RGB uint8 on ``ax``."""
     if image.ndim == 2:
-        ax.imshow(image, cmap="gray", vmin=0, vmax=PIXEL_MAX, interpolation="nearest",
-                  alpha=alpha)
+        ax.imshow(image, cmap="gray", vmin=0, vmax=PIXEL_MAX, interpolation="nearest")
     else:
-        ax.imshow(image, interpolation="nearest", alpha=alpha)
+        ax.imshow(image, interpolation="nearest")
 
 
 def show_image(ax, image: np.ndarray, title: str | None = None, color: str = RIGHT_COLOR) -> None:
@@ -59,3 +64,8 @@ def show_image(ax, image: np.ndarray, title: str | None = None, color: str = RIG
 def short_label(text: str, limit: int = 12) -> str:
     """``text`` cut to ``limit`` characters (an ellipsis marks the cut), for tiny titles."""
     return text if len(text) <= limit else text[:limit - 1] + "\u2026"
+
+
+def class_label(index: int, class_names: Sequence[str] | None) -> str:
+    """Class ``index`` by its (shortened) name, or as a number without names."""
+    return short_label(class_names[int(index)]) if class_names else str(int(index))

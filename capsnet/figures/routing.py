@@ -16,7 +16,14 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from capsnet.figures.common import RIGHT_COLOR, WRONG_COLOR, draw_image, save_figure, short_label
+from capsnet.figures.common import (
+    RIGHT_COLOR,
+    WRONG_COLOR,
+    class_label,
+    draw_image,
+    save_figure,
+    show_image,
+)
 
 PANEL_INCHES = 1.9  # side of one panel
 COUPLING_CMAP = "RdBu_r"  # diverging around the uniform coupling 1/J
@@ -31,13 +38,7 @@ MIN_SPREAD = 1e-6  # coupling scale half-width when every coupling is exactly 1/
 
 def grey_of(image: np.ndarray) -> np.ndarray:
     """(H, W) or (H, W, 3) uint8 -> (H, W) float brightness (the mean over channels)."""
-    image = np.asarray(image)
     return image.astype(np.float32) if image.ndim == 2 else image.mean(axis=-1)
-
-
-def show_input(ax, image: np.ndarray, alpha: float = 1.0) -> None:
-    """Draw an image in the display layout, (H, W) grey or (H, W, 3) colour."""
-    draw_image(ax, np.asarray(image), alpha)
 
 
 def grid_extent(centres: Sequence[float]) -> tuple[float, float, float, float]:
@@ -47,8 +48,9 @@ def grid_extent(centres: Sequence[float]) -> tuple[float, float, float, float]:
     return (low, high, high, low)
 
 
-def _frame(ax, shape: tuple[int, int]) -> None:
-    H, W = shape
+def _frame(ax, image: np.ndarray) -> None:
+    """Limits of ``ax`` on the image (H, W[, 3]) whatever else is drawn; no ticks."""
+    H, W = image.shape[:2]
     ax.set_xlim(-0.5, W - 0.5)
     ax.set_ylim(H - 0.5, -0.5)
     ax.set_xticks([])
@@ -65,13 +67,13 @@ def draw_coupling_map(ax, coupling: np.ndarray, grey: np.ndarray, centres: Seque
                            linewidth=0.5, edgecolor=GRID_EDGE_COLOR))
     if grey.max() > INK_LEVEL:
         ax.contour(grey, levels=[INK_LEVEL], colors=OUTLINE_COLOR, linewidths=0.6)
-    _frame(ax, grey.shape)
+    _frame(ax, grey)
 
 
 def draw_support_overlay(ax, image: np.ndarray, support: np.ndarray, centres: Sequence[float],
                          field: int, norm: Normalize) -> None:
     """The input with a (G, G) support map over it and the strongest cell's field dashed."""
-    show_input(ax, image)
+    draw_image(ax, image)
     rgba = colormaps[SUPPORT_CMAP](norm(support))  # (G, G, 4)
     rgba[..., 3] = SUPPORT_ALPHA * np.clip(norm(support), 0, 1)
     ax.imshow(rgba, extent=grid_extent(centres), interpolation="nearest")
@@ -79,7 +81,7 @@ def draw_support_overlay(ax, image: np.ndarray, support: np.ndarray, centres: Se
     half = field / 2
     ax.add_patch(Rectangle((centres[col] - half, centres[row] - half), field, field, fill=False,
                            linestyle="--", linewidth=0.8, edgecolor=FIELD_COLOR))
-    _frame(ax, grey_of(image).shape)
+    _frame(ax, image)
 
 
 def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
@@ -92,7 +94,7 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
     (N, R, J, G, G) from :class:`capsnet.routing_trace.RoutingTrace`; scores (N, J); titles
     (red where ``wrong``); centres (G,) and field of the children's grid."""
     N, R, J = coupling_maps.shape[:3]
-    first = np.asarray(coupling_maps)[:, 0]  # (N, J, G, G) iteration 1's couplings
+    first = coupling_maps[:, 0]  # (N, J, G, G) iteration 1's couplings
     first_uniform = bool(np.ptp(first) == 0)  # dynamic and inverted-attention routing: 1/J
     uniform = float(first[0, 0].mean()) if first_uniform else 1.0 / J
     columns = 2 + R + 1  # input, support, R coupling iterations, runner-up
@@ -102,18 +104,15 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
     for n in range(N):
         order = np.argsort(-scores[n])
         winner, second = int(order[0]), int(order[1]) if J > 1 else int(order[0])
+        winner_name = class_label(winner, class_names)
         grey = grey_of(images[n])
         row = axes[n]
-        show_input(row[0], images[n])
-        _frame(row[0], grey.shape)
-        color = WRONG_COLOR if wrong is not None and wrong[n] else RIGHT_COLOR
-        row[0].set_title(titles[n], fontsize=8, color=color)
+        show_image(row[0], images[n], titles[n], _title_color(wrong, n))
 
         support = support_maps[n, -1, winner]  # (G, G)
         support_norm = Normalize(0.0, max(float(support.max()), MIN_SPREAD))
         draw_support_overlay(row[1], images[n], support, centres, field, support_norm)
-        row[1].set_title(f"support for {_name(winner, class_names)}: {support_label} "
-                         f"(iter. {R})", fontsize=8)
+        row[1].set_title(f"support for {winner_name}: {support_label} (iter. {R})", fontsize=8)
         _colorbar(fig, support_norm, SUPPORT_CMAP, row[1], "sum over types", 0.05, 0.02)
 
         shown = [coupling_maps[n, r, winner] for r in range(R)] + [coupling_maps[n, -1, second]]
@@ -122,19 +121,17 @@ def routing_figure(images: Sequence[np.ndarray], coupling_maps: np.ndarray,
         for r, ax in enumerate(row[2:2 + R]):
             draw_coupling_map(ax, shown[r], grey, centres, norm)
             note = " (uniform)" if r == 0 and first_uniform else ""
-            ax.set_title(f"{symbol} to {_name(winner, class_names)}, iteration {r + 1}{note}",
-                         fontsize=8)
+            ax.set_title(f"{symbol} to {winner_name}, iteration {r + 1}{note}", fontsize=8)
             ax.set_xlabel(f"mean {shown[r].mean():.4f}", fontsize=7)
         draw_coupling_map(row[-1], shown[-1], grey, centres, norm)
-        row[-1].set_title(f"{symbol} to runner-up {_name(second, class_names)}, iter. {R}",
+        row[-1].set_title(f"{symbol} to runner-up {class_label(second, class_names)}, iter. {R}",
                           fontsize=8)
         row[-1].set_xlabel(f"mean {shown[-1].mean():.4f}", fontsize=7)
         _colorbar(fig, norm, COUPLING_CMAP, row[2:],
                   f"coupling {symbol}, mean over types (1/{J} = uniform)", 0.02, 0.01)
-    fig.suptitle("Routing by agreement: where the winning class capsule's input comes from "
-                 f"on the {children}-capsule grid (cells at their receptive-field centres; "
-                 "dashed: the strongest cell's receptive field)", fontsize=9)
-    return save_figure(fig, path)
+    return save_figure(fig, path, "Routing by agreement: where the winning class capsule's input "
+                       f"comes from on the {children}-capsule grid (cells at their "
+                       "receptive-field centres; dashed: the strongest cell's receptive field)")
 
 
 def routing_types_figure(images: Sequence[np.ndarray], type_maps: np.ndarray,
@@ -152,14 +149,11 @@ def routing_types_figure(images: Sequence[np.ndarray], type_maps: np.ndarray,
                           N * PANEL_INCHES + 0.6), layout="constrained")
     axes = fig.subplots(N, columns, squeeze=False,
                         width_ratios=[PANEL_INCHES] + [matrix_inches] * (R + 1))
-    names = [_name(j, class_names) for j in range(J)]
+    names = [class_label(j, class_names) for j in range(J)]
     for n in range(N):
         winner = int(np.argmax(scores[n]))
         row = axes[n]
-        show_input(row[0], images[n])
-        _frame(row[0], grey_of(images[n]).shape)
-        color = WRONG_COLOR if wrong is not None and wrong[n] else RIGHT_COLOR
-        row[0].set_title(titles[n], fontsize=8, color=color)
+        show_image(row[0], images[n], titles[n], _title_color(wrong, n))
         spread = max(float(np.abs(type_maps[n] - 1.0 / J).max()), MIN_SPREAD)
         norm = Normalize(1.0 / J - spread, 1.0 / J + spread)
         for r, ax in enumerate(row[1:1 + R]):
@@ -172,9 +166,8 @@ def routing_types_figure(images: Sequence[np.ndarray], type_maps: np.ndarray,
         _draw_matrix(row[-1], support, SUPPORT_CMAP, support_norm, winner, names)
         row[-1].set_title(f"support {support_label} (iter. {R})", fontsize=8)
         _colorbar(fig, support_norm, SUPPORT_CMAP, row[-1], "sum over positions", 0.05, 0.02)
-    fig.suptitle(f"Routing from the {children} capsules (columns: capsule types) to the class "
-                 "capsules (rows; framed: the prediction)", fontsize=9)
-    return save_figure(fig, path)
+    return save_figure(fig, path, f"Routing from the {children} capsules (columns: capsule "
+                       "types) to the class capsules (rows; framed: the prediction)")
 
 
 def _colorbar(fig, norm: Normalize, cmap: str, ax, label: str, fraction: float,
@@ -197,5 +190,5 @@ def _draw_matrix(ax, values: np.ndarray, cmap: str, norm: Normalize, winner: int
     ax.set_xlabel("capsule type", fontsize=7)
 
 
-def _name(index: int, class_names: Sequence[str] | None) -> str:
-    return short_label(class_names[index]) if class_names else str(index)
+def _title_color(wrong: Sequence[bool] | None, n: int) -> str:
+    return WRONG_COLOR if wrong is not None and wrong[n] else RIGHT_COLOR
