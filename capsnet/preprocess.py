@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from capsnet.data.augment import center_crop
 from capsnet.data.decode import RESAMPLE, flatten_image, image_array
 from capsnet.data.image_dataset import PIXEL_MAX
-from capsnet.data.policy import is_digit_model
+from capsnet.data.model_view import is_digit_model
+from capsnet.data.transforms import center_crop
 
 MNIST_SIZE = 28  # side of the output field
 FIT_SIZE = 20  # the digit's longer side after scaling

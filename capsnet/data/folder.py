@@ -21,9 +21,8 @@ from tqdm import tqdm
 
 from capsnet.data.decode import IMAGE_EXTENSIONS, BadImageError, decode_image_file, is_image_file
 from capsnet.data.folder_cache import cache_path, load_cached, save_cached
-from capsnet.data.image_dataset import ImageDataset
+from capsnet.data.image_dataset import ImageDataset, held_out
 from capsnet.data.sources import default_cache_dir
-from capsnet.data.splits import held_out
 
 NAME = "folder"
 TRAIN_DIR, TEST_DIR = "train", "test"

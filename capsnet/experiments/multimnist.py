@@ -9,9 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsnet.data.augment import random_shift
 from capsnet.data.image_dataset import PIXEL_MAX, to_model_input
-from capsnet.data.transforms import place_on_canvas
+from capsnet.data.transforms import place_on_canvas, random_shift
 from capsnet.losses import RECONSTRUCTION_WEIGHT, margin_loss, reconstruction_loss
 from capsnet.models import unwrap
 from capsnet.models.precision import autocast_to
