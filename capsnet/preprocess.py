@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from capsnet.data.decode import RESAMPLE, flatten_image, image_array
+from capsnet.data.folder import RESAMPLE, flatten_image, image_array
 from capsnet.data.image_dataset import PIXEL_MAX
 from capsnet.data.model_view import is_digit_model
 from capsnet.data.transforms import center_crop

@@ -2,31 +2,35 @@
 ``root/train/<class>/<images>`` and optionally ``root/test/<class>/<images>``.
 
 Classes are the train subfolders, sorted. Without ``root/test`` a seeded stratified test
-split is carved out of train (``info["test_split"]``). Files are decoded once
-(capsnet.data.decode) and cached (capsnet.data.folder_cache). Problems raise
-:class:`FolderDatasetError` naming the file; with ``skip_bad`` unreadable files are listed
-in ``info["skipped"]`` instead."""
+split is carved out of train (``info["test_split"]``). Every file is decoded the same way
+(:func:`decode_image_file`) once, and the arrays cached as ``<options hash>-<content
+hash>.npz``. Problems raise :class:`FolderDatasetError` naming the file; with ``skip_bad``
+unreadable files are listed in ``info["skipped"]`` instead."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import os
+import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
 from tqdm import tqdm
 
-from capsnet.data.decode import IMAGE_EXTENSIONS, BadImageError, decode_image_file, is_image_file
-from capsnet.data.folder_cache import cache_path, load_cached, save_cached
-from capsnet.data.image_dataset import ImageDataset, held_out
+from capsnet.atomic import atomic_write
+from capsnet.data.idx import DatasetFileError, first_line
+from capsnet.data.image_dataset import PIXEL_MAX, ImageDataset, held_out
 from capsnet.data.sources import default_cache_dir
 
 NAME = "folder"
 TRAIN_DIR, TEST_DIR = "train", "test"
-CACHE_SUBDIR = "folders"
 DEFAULT_TEST_FRACTION = 0.1
 TRAIN_ORDER_SEED = 0  # the training pool's shuffled order is the same for every run
 MIN_CLASSES = 2
@@ -34,12 +38,86 @@ CHANNEL_CHOICES = (1, 3)
 PROGRESS_MIN_FILES = 500  # fewer files decode too fast for a progress bar to help
 MAX_LISTED = 10  # skipped files named in the warning
 MISSING_STAT = (-1, -1)  # (size, mtime) of a file that cannot be stat'ed: decoding reports it
+# Extensions of the formats read (PNG, JPEG, BMP, GIF, TIFF, WebP), compared lower-case.
+IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
 EXTENSIONS_TEXT = " ".join(sorted(IMAGE_EXTENSIONS))
+WIDE_GREY_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N"})  # 16-bit grey
+ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
+WIDE_MAX = 65535
+RESAMPLE = Image.Resampling.BILINEAR  # antialiased when shrinking
+CACHE_SUBDIR = "folders"
+CACHE_VERSION = 3  # bump when the arrays for the same files and options differ (3: shuffled)
+HASH_CHARS = 24
+# What reading a damaged or foreign cache file raises.
+CACHE_READ_ERRORS = (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile)
 
 
 class FolderDatasetError(ValueError):
     """A folder dataset that cannot be loaded; the one-line message names the file or folder."""
 
+
+class BadImageError(DatasetFileError):
+    """An image file that cannot be read or decoded; the message starts with the path."""
+
+
+# --- one image file ------------------------------------------------------------------------
+
+def flatten_image(image: Image.Image) -> Image.Image:
+    """A decoded image in any mode -> mode L or RGB: transparency onto black, 16-bit grey
+    scaled to 0..255."""
+    if image.mode in WIDE_GREY_MODES:
+        wide = np.asarray(image, dtype=np.float64)  # (H, W)
+        scaled = np.clip(np.rint(wide * PIXEL_MAX / WIDE_MAX), 0, PIXEL_MAX).astype(np.uint8)
+        return Image.fromarray(scaled)
+    if image.mode in ALPHA_MODES or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        black = Image.new("RGBA", rgba.size, (0, 0, 0, PIXEL_MAX))
+        return Image.alpha_composite(black, rgba).convert("RGB")
+    return image.convert("L" if image.mode in ("1", "L") else "RGB")
+
+
+def image_array(image: Image.Image, size: tuple[int, int] | None = None,
+                channels: int | None = None) -> np.ndarray:
+    """An image of mode L or RGB -> uint8 (C, H, W), resized to ``size`` (H, W) (aspect not
+    kept) and converted to ``channels`` 1 or 3 (None: 1 when grey, RGB with equal channels)."""
+    if size is not None and image.size != (size[1], size[0]):
+        image = image.resize((size[1], size[0]), RESAMPLE)  # Pillow sizes are (W, H)
+    if channels is not None and image.mode != ("L" if channels == 1 else "RGB"):
+        image = image.convert("L" if channels == 1 else "RGB")
+    array = np.asarray(image)  # (H, W) or (H, W, 3)
+    if array.ndim == 2:
+        return array[None].copy()  # (1, H, W)
+    array = array.transpose(2, 0, 1)  # (3, H, W)
+    if channels is None and (array[0] == array[1]).all() and (array[1] == array[2]).all():
+        return array[:1].copy()  # (1, H, W)
+    return np.ascontiguousarray(array)  # (3, H, W)
+
+
+def decode_image_file(path: str | os.PathLike, size: tuple[int, int] | None = None,
+                      channels: int | None = None) -> np.ndarray:
+    """One image file -> uint8 (C, H, W), upright (EXIF), flattened (:func:`flatten_image`),
+    sized (:func:`image_array`); decompression bombs refused; BadImageError."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            with Image.open(path) as image:
+                image.load()
+                upright = flatten_image(ImageOps.exif_transpose(image))
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+            raise BadImageError(path, f"refused as a possible decompression bomb: "
+                                      f"{first_line(err)}") from err
+        except UnidentifiedImageError as err:
+            raise BadImageError(path, "not an image Pillow can identify "
+                                      "(cannot identify image file)") from err
+        except OSError as err:
+            raise BadImageError(path, f"cannot read image: {err.strerror or first_line(err)}"
+                                ) from err
+        except Exception as err:  # Pillow raises SyntaxError, ValueError, EOFError... on bad data
+            raise BadImageError(path, f"cannot decode image: {first_line(err)}") from err
+    return image_array(upright, size, channels)
+
+
+# --- the folder's layout -------------------------------------------------------------------
 
 @dataclass
 class FolderLayout:
@@ -73,31 +151,24 @@ class FolderLayout:
         return rows
 
 
-def _subdirs(folder: Path) -> list[Path]:
-    return sorted(entry for entry in folder.iterdir()
-                  if entry.is_dir() and not entry.name.startswith("."))
-
-
-def _images_in(folder: Path) -> list[Path]:
-    return sorted(entry for entry in folder.iterdir()
-                  if is_image_file(entry) and not entry.is_dir())
-
-
 def _scan_split(split_dir: Path, classes: tuple[str, ...] | None
                 ) -> tuple[tuple[str, ...], list[Path], list[int]]:
     """Class names, files and labels of one split folder; ``classes`` (train's) fixes test's."""
-    class_dirs = _subdirs(split_dir)
+    class_dirs = sorted(entry for entry in split_dir.iterdir()
+                        if entry.is_dir() and not entry.name.startswith("."))
     if not class_dirs:
         raise FolderDatasetError(f"{split_dir}: no class folders: expected "
                                  f"{split_dir}/<class name>/<image files>")
     names = tuple(d.name for d in class_dirs)
-    if classes is not None:
-        unknown = [d for d in class_dirs if d.name not in classes]
-        if unknown:
-            raise FolderDatasetError(f"{unknown[0]}: class {unknown[0].name!r} has no folder in "
-                                     f"{split_dir.parent / TRAIN_DIR} (training classes: "
-                                     f"{', '.join(classes)})")
-    per_class = [_images_in(d) for d in class_dirs]
+    unknown = [d for d in class_dirs if classes is not None and d.name not in classes]
+    if unknown:
+        raise FolderDatasetError(f"{unknown[0]}: class {unknown[0].name!r} has no folder in "
+                                 f"{split_dir.parent / TRAIN_DIR} (training classes: "
+                                 f"{', '.join(classes)})")
+    # image files: not hidden, a known extension in any case
+    per_class = [sorted(entry for entry in d.iterdir() if not entry.name.startswith(".")
+                        and entry.suffix.lower() in IMAGE_EXTENSIONS and not entry.is_dir())
+                 for d in class_dirs]
     if not any(per_class):
         raise FolderDatasetError(f"{split_dir}: no image files in any class folder "
                                  f"(looked for {EXTENSIONS_TEXT}, any case)")
@@ -133,6 +204,8 @@ def scan_folder(root: str | os.PathLike) -> FolderLayout:
     return FolderLayout(root, classes, train_files, train_labels, test_files, test_labels)
 
 
+# --- decoding and splitting ----------------------------------------------------------------
+
 def _decode_all(layout: FolderLayout, image_size: int | None, channels: int | None,
                 skip_bad: bool, progress: bool) -> tuple[list[np.ndarray | None], dict[str, str]]:
     """Each file decoded to (C, H, W) uint8 or None when skipped, and skipped path -> reason;
@@ -166,32 +239,6 @@ def _decode_all(layout: FolderLayout, image_size: int | None, channels: int | No
     return arrays, skipped
 
 
-def _stack(arrays: list[np.ndarray]) -> np.ndarray:
-    """(C, H, W) arrays -> (N, C, H, W) uint8, C = 3 if any is RGB (grey ones repeated)."""
-    channels = max(array.shape[0] for array in arrays)
-    height, width = arrays[0].shape[1:]
-    out = np.empty((len(arrays), channels, height, width), dtype=np.uint8)  # (N, C, H, W)
-    for i, array in enumerate(arrays):
-        out[i] = array  # (1, H, W) broadcasts to (3, H, W)
-    return out
-
-
-def _keep(files: list[Path], labels: list[int], arrays: list[np.ndarray | None]):
-    """The decoded (file, label, array) triples, skipped ones left out."""
-    return [(f, y, a) for f, y, a in zip(files, labels, arrays, strict=True) if a is not None]
-
-
-def _check_classes_left(layout: FolderLayout, labels: list[int], skipped: dict[str, str]) -> None:
-    """Raise when skipping unreadable files left a training class without images."""
-    present = set(labels)
-    for label, name in enumerate(layout.classes):
-        if label not in present:
-            folder = layout.root / TRAIN_DIR / name
-            count = sum(1 for path in skipped if path.startswith(f"{TRAIN_DIR}/{name}/"))
-            raise FolderDatasetError(f"{folder}: no readable images in this class folder "
-                                     f"({count} skipped as unreadable)")
-
-
 def training_order(n: int) -> torch.Tensor:
     """The seeded order (n,) in which a split's n images are held."""
     return torch.randperm(n, generator=torch.Generator().manual_seed(TRAIN_ORDER_SEED))
@@ -203,14 +250,28 @@ def _build(layout: FolderLayout, image_size: int | None, channels: int | None,
     """Decode, stack, split: the (train, test) datasets of ``layout``."""
     arrays, skipped = _decode_all(layout, image_size, channels, skip_bad, progress)
     n_train = len(layout.train_files)
-    train = _keep(layout.train_files, layout.train_labels, arrays[:n_train])
-    _check_classes_left(layout, [y for _, y, _ in train], skipped)
+    # the decoded (file, label, array) triples, skipped ones left out
+    train = [(f, y, a) for f, y, a in zip(layout.train_files, layout.train_labels,
+                                          arrays[:n_train], strict=True) if a is not None]
+    present = {y for _, y, _ in train}
+    for label, name in enumerate(layout.classes):
+        if label not in present:
+            count = sum(1 for path in skipped if path.startswith(f"{TRAIN_DIR}/{name}/"))
+            raise FolderDatasetError(f"{layout.root / TRAIN_DIR / name}: no readable images in "
+                                     f"this class folder ({count} skipped as unreadable)")
     has_test = layout.test_files is not None
-    test = _keep(layout.test_files, layout.test_labels, arrays[n_train:]) if has_test else []
+    test = ([(f, y, a) for f, y, a in zip(layout.test_files, layout.test_labels,
+                                          arrays[n_train:], strict=True) if a is not None]
+            if has_test else [])
     if has_test and not test:
         raise FolderDatasetError(f"{layout.root / TEST_DIR}: no readable images "
                                  f"({len(layout.test_files)} skipped as unreadable)")
-    images = _stack([a for _, _, a in train + test])  # (N_train + N_test, C, H, W)
+    kept = [a for _, _, a in train + test]
+    # C = 3 if any image is RGB: a grey (1, H, W) array broadcasts into (3, H, W)
+    images = np.empty((len(kept), max(a.shape[0] for a in kept), *kept[0].shape[1:]),
+                      dtype=np.uint8)  # (N_train + N_test, C, H, W)
+    for i, array in enumerate(kept):
+        images[i] = array
     height, width = images.shape[2:]
     info: dict[str, Any] = {"source": NAME, "root": str(layout.root.resolve()),
                             "channels": int(images.shape[1]),
@@ -240,15 +301,54 @@ def _build(layout: FolderLayout, image_size: int | None, channels: int | None,
             ImageDataset(test_images, test_labels, layout.classes, NAME, copy.deepcopy(info)))
 
 
-def _check_options(image_size: Any, channels: Any, test_fraction: float) -> None:
-    """Raise ValueError for an option load_folder_dataset cannot use."""
-    if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int)
-                                   or image_size < 1):
-        raise ValueError(f"image_size must be a positive integer or None, got {image_size!r}")
-    if channels is not None and channels not in CHANNEL_CHOICES:
-        raise ValueError(f"channels must be one of {CHANNEL_CHOICES} or None, got {channels!r}")
-    if not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction!r}")
+# --- the cache -----------------------------------------------------------------------------
+
+def _digest(value: Any) -> str:
+    """A short hex SHA-256 of ``value`` as canonical JSON."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
+
+
+def load_cached(path: Path, classes: tuple[str, ...]) -> tuple[ImageDataset, ImageDataset] | None:
+    """The (train, test) datasets at ``path``, or None when missing, damaged or not matching."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            meta = json.loads(str(stored["meta"]))
+            if meta["key"] != path.stem or tuple(meta["classes"]) != classes:
+                return None
+            splits = []
+            for split in (TRAIN_DIR, TEST_DIR):
+                images = stored[f"{split}_images"]  # (N, C, H, W) uint8
+                labels = stored[f"{split}_labels"]  # (N,) int64
+                if images.dtype != np.uint8 or labels.dtype != np.int64 or images.ndim != 4:
+                    return None
+                if len(labels) and (labels.min() < 0 or labels.max() >= len(classes)):
+                    return None
+                splits.append(ImageDataset(torch.from_numpy(images), torch.from_numpy(labels),
+                                           classes, NAME, copy.deepcopy(meta["info"])))
+    except CACHE_READ_ERRORS:
+        return None
+    return splits[0], splits[1]
+
+
+def save_cached(path: Path, train: ImageDataset, test: ImageDataset) -> None:
+    """Write both splits atomically and remove stale files of the same options; a cache
+    that cannot be written is left out."""
+    meta = {"key": path.stem, "classes": list(train.classes), "info": train.info}
+    arrays = {"meta": np.array(json.dumps(meta))}
+    for split, dataset in ((TRAIN_DIR, train), (TEST_DIR, test)):
+        arrays[f"{split}_images"] = dataset.images.numpy()
+        arrays[f"{split}_labels"] = dataset.labels.numpy()
+    try:
+        atomic_write(path, lambda out: np.savez(out, **arrays))
+    except OSError:
+        return
+    options_hash = path.stem.split("-")[0]
+    for stale in path.parent.glob(f"{options_hash}-*{path.suffix}"):
+        if stale != path:
+            stale.unlink(missing_ok=True)
 
 
 def load_folder_dataset(root: str | os.PathLike, image_size: int | None = None,
@@ -263,14 +363,23 @@ def load_folder_dataset(root: str | os.PathLike, image_size: int | None = None,
     root/test; skip_bad: skip unreadable files; cache_dir: default <cache dir>/folders;
     progress: a bar beyond PROGRESS_MIN_FILES files. ``info``: "source", "root",
     "channels", "image_size", "skipped" and, for a carved split, "test_split"."""
-    _check_options(image_size, channels, test_fraction)
+    if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int)
+                                   or image_size < 1):
+        raise ValueError(f"image_size must be a positive integer or None, got {image_size!r}")
+    if channels is not None and channels not in CHANNEL_CHOICES:
+        raise ValueError(f"channels must be one of {CHANNEL_CHOICES} or None, got {channels!r}")
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction!r}")
     layout = scan_folder(root)
-    options = {"image_size": image_size, "channels": channels, "skip_bad": skip_bad,
+    # the options hash covers the folder and the options, the content hash every file's
+    # relative path, size and mtime
+    options = {"version": CACHE_VERSION, "root": str(layout.root.resolve()),
+               "image_size": image_size, "channels": channels, "skip_bad": skip_bad,
                "seed": seed, "test_fraction": test_fraction}
     base = (Path(cache_dir).expanduser() if cache_dir is not None
             else default_cache_dir() / CACHE_SUBDIR)
-    path = cache_path(base, layout.root, options, layout.stats())
-    cached = load_cached(path, layout.classes, NAME)
+    path = base / f"{_digest(options)}-{_digest(sorted(layout.stats()))}.npz"
+    cached = load_cached(path, layout.classes)
     if cached is not None:
         return cached
     train, test = _build(layout, image_size, channels, test_fraction, seed, skip_bad, progress)
