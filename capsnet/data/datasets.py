@@ -24,7 +24,6 @@ from capsnet.data.sources import (
     ProgressFn,
     RemoteFile,
     download_file,
-    get_spec,
     locate_dataset,
     locate_files,
     verify_file,
@@ -92,7 +91,7 @@ def load_split(name: str, split: str, data_dir: str | os.PathLike | None = None,
         return load_svhn(split, data_dir, download, verify)
     if key not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASET_NAMES)}")
-    spec = get_spec(key)
+    spec = DATASETS[key]
     paths = locate_dataset(spec, data_dir=data_dir, download=download)
     images_path, labels_path = paths[f"{split}_images"], paths[f"{split}_labels"]
     if verify:

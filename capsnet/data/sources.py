@@ -1,9 +1,8 @@
 """Where dataset files come from: known datasets, local lookup, verified download.
 
 An IDX dataset (MNIST, Fashion-MNIST) is four IDX files, each raw or .gz; their checksums
-are of the decompressed content. cifar.py and svhn.py share :func:`locate_files` and
-:func:`download_file`.
-"""
+are of the decompressed content. Every dataset is found by :func:`locate_files` and
+fetched by :func:`download_file`."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
-from typing import TypeVar
+from typing import Any
 
 from capsnet.atomic import atomic_path
 from capsnet.data.idx import GZIP_ERRORS, GZIP_MAGIC, GZIP_SUFFIX, IDXError, open_maybe_gzip
@@ -30,7 +29,6 @@ MAX_DOWNLOAD_BYTES = 1 << 30  # the largest file, SVHN's train_32x32.mat, is abo
 
 # progress(file_name, bytes_received, bytes_total or None)
 ProgressFn = Callable[[str, int, int | None], None]
-Found = TypeVar("Found")
 
 
 @dataclass(frozen=True)
@@ -118,7 +116,7 @@ def default_cache_dir() -> Path:
 
 
 def file_md5(path: str | os.PathLike, decompress: bool = True) -> str:
-    """Hex MD5 of the content (decompressed if gzip, unless ``decompress=False``)."""
+    """Hex MD5 of :func:`file_digest`."""
     return file_digest(path, "md5", decompress)
 
 
@@ -152,7 +150,9 @@ def verify_file(path: str | os.PathLike, expected_md5: str | None,
 
 
 def find_files(directory: Path, spec: DatasetSpec) -> dict[str, Path] | None:
-    """The four files in ``directory`` (raw preferred over .gz), or None unless all are there."""
+    """The four files in ``directory`` (raw preferred over .gz), or None unless all are there
+    and the test labels are not another known dataset's (MNIST and Fashion-MNIST share file
+    names; files of unknown content are accepted)."""
     found = {}
     for key, (file_name, _) in spec.files.items():
         raw, packed = directory / file_name, directory / (file_name + GZIP_SUFFIX)
@@ -160,33 +160,12 @@ def find_files(directory: Path, spec: DatasetSpec) -> dict[str, Path] | None:
         if path is None:
             return None
         found[key] = path
-    if holds_another_dataset(found, spec):
-        return None
-    return found
-
-
-def holds_another_dataset(found: dict[str, Path], spec: DatasetSpec) -> bool:
-    """True when the test labels are another known dataset's (MNIST and Fashion-MNIST share
-    file names); files of unknown content are accepted."""
     try:
         md5 = file_md5(found["test_labels"])
     except IDXError:
-        return False  # a damaged file: reading it reports the error with its name
-    return any(other.files["test_labels"][1] == md5 for other in DATASETS.values()
-               if other.name != spec.name)
-
-
-def dataset_dirs(name: str, data_dir: str | os.PathLike | None = None,
-                 system_dirs: Sequence[str] = ()) -> list[Path]:
-    """data_dir and $CAPSNET_DATA_DIR (each also with ``/<name>``), the cache, system dirs."""
-    dirs = []
-    for base in (data_dir, os.environ.get(DATA_DIR_ENV) or None):
-        if base is not None:
-            base = Path(base).expanduser()
-            dirs += [base, base / name]
-    dirs.append(default_cache_dir() / name)
-    dirs += [Path(d) for d in system_dirs]
-    return dirs
+        return found  # a damaged file: reading it reports the error with its name
+    others = [other for other in DATASETS.values() if other.name != spec.name]
+    return None if any(other.files["test_labels"][1] == md5 for other in others) else found
 
 
 def not_found_message(name: str, needed: str, searched: list[Path], download_note: str) -> str:
@@ -197,13 +176,17 @@ def not_found_message(name: str, needed: str, searched: list[Path], download_not
             f"{DATA_DIR_ENV}, or in the cache dir {default_cache_dir() / name}; {download_note}")
 
 
-def locate_files(name: str, find: Callable[[Path], Found | None],
-                 fetch: Callable[[Path], Found], needed: str,
-                 data_dir: str | os.PathLike | None = None, download: bool = True,
-                 system_dirs: Sequence[str] = ()) -> Found:
-    """The first non-None ``find(directory)`` over ``dataset_dirs``, else (with ``download``)
-    ``fetch(cache dir / name)``; DataNotFoundError naming ``needed`` when both fail."""
-    searched = dataset_dirs(name, data_dir, system_dirs)
+def locate_files(name: str, find: Callable[[Path], Any], fetch: Callable[[Path], Any],
+                 needed: str, data_dir: str | os.PathLike | None = None, download: bool = True,
+                 system_dirs: Sequence[str] = ()) -> Any:
+    """The first non-None ``find(directory)`` over data_dir and $CAPSNET_DATA_DIR (each also
+    with ``/<name>``), the cache and ``system_dirs``, else (with ``download``) ``fetch(cache
+    dir / name)``; DataNotFoundError naming ``needed`` when both fail."""
+    searched = []
+    for base in (data_dir, os.environ.get(DATA_DIR_ENV) or None):
+        if base is not None:
+            searched += [Path(base).expanduser(), Path(base).expanduser() / name]
+    searched += [default_cache_dir() / name, *map(Path, system_dirs)]
     for directory in searched:
         found = find(directory)
         if found is not None:
@@ -244,15 +227,6 @@ def _fetch(url: str, dest: Path, timeout: float, progress: ProgressFn | None) ->
             raise ValueError(f"incomplete download: {received} of {total} bytes")
 
 
-def _check_download(path: Path, expected_md5: str | None) -> None:
-    """Raise ValueError unless ``path`` is a complete gzip stream with the expected content."""
-    with open(path, "rb") as f:
-        if f.read(len(GZIP_MAGIC)) != GZIP_MAGIC:
-            raise ValueError("not a gzip file")
-    file_md5(path)  # decompresses it all: a truncated or corrupt stream raises IDXError
-    verify_file(path, expected_md5)
-
-
 def download_file(remote: RemoteFile, dest_dir: str | os.PathLike,
                   check: Callable[[Path], None] | None = None,
                   timeout: float = DOWNLOAD_TIMEOUT_S,
@@ -285,6 +259,15 @@ def download_file(remote: RemoteFile, dest_dir: str | os.PathLike,
     raise DataNotFoundError(f"could not download {target.name}: {tried}")
 
 
+def _check_gzip(path: Path, expected_md5: str | None) -> None:
+    """Raise ValueError unless ``path`` is a complete gzip stream with the expected content."""
+    with open(path, "rb") as f:
+        if f.read(len(GZIP_MAGIC)) != GZIP_MAGIC:
+            raise ValueError("not a gzip file")
+    file_md5(path)  # decompresses it all: a truncated or corrupt stream raises IDXError
+    verify_file(path, expected_md5)
+
+
 def download_dataset(name_or_spec: str | DatasetSpec, dest_dir: str | os.PathLike,
                      timeout: float = DOWNLOAD_TIMEOUT_S,
                      progress: ProgressFn | None = None) -> dict[str, Path]:
@@ -295,6 +278,6 @@ def download_dataset(name_or_spec: str | DatasetSpec, dest_dir: str | os.PathLik
     for key, (file_name, md5) in spec.files.items():
         urls = tuple(f"{base.rstrip('/')}/{file_name}{GZIP_SUFFIX}" for base in spec.mirrors)
         paths[key] = download_file(RemoteFile(file_name + GZIP_SUFFIX, urls, None), dest_dir,
-                                   lambda path, md5=md5: _check_download(path, md5),
+                                   lambda path, md5=md5: _check_gzip(path, md5),
                                    timeout, progress)
     return paths
