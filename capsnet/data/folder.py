@@ -121,27 +121,25 @@ def decode_image_file(path: str | os.PathLike, size: tuple[int, int] | None = No
 
 @dataclass
 class FolderLayout:
-    """The image files under ``root``, class by class, names sorted; ``test_files`` None
-    without ``root/test``."""
+    """The (image file, label) pairs under ``root``, class by class, names sorted; ``test``
+    None without ``root/test``."""
 
     root: Path
     classes: tuple[str, ...]
-    train_files: list[Path]
-    train_labels: list[int]
-    test_files: list[Path] | None
-    test_labels: list[int] | None
+    train: list[tuple[Path, int]]
+    test: list[tuple[Path, int]] | None
 
     def relative(self, path: Path) -> str:
         """``path`` relative to root, with forward slashes (as recorded in ``info``)."""
         return path.relative_to(self.root).as_posix()
 
-    def all_files(self) -> list[Path]:
-        return self.train_files + (self.test_files or [])
+    def files(self) -> list[Path]:
+        return [path for path, _ in self.train + (self.test or [])]
 
     def stats(self) -> list[tuple[str, int, int]]:
         """(relative path, size, mtime in ns) of every file, for the cache key."""
         rows = []
-        for path in self.all_files():
+        for path in self.files():
             try:
                 stat = path.stat()
                 size_mtime = (stat.st_size, stat.st_mtime_ns)
@@ -152,8 +150,9 @@ class FolderLayout:
 
 
 def _scan_split(split_dir: Path, classes: tuple[str, ...] | None
-                ) -> tuple[tuple[str, ...], list[Path], list[int]]:
-    """Class names, files and labels of one split folder; ``classes`` (train's) fixes test's."""
+                ) -> tuple[tuple[str, ...], list[tuple[Path, int]]]:
+    """Class names and (file, label) pairs of one split folder; ``classes`` (train's) fixes
+    test's labels."""
     class_dirs = sorted(entry for entry in split_dir.iterdir()
                         if entry.is_dir() and not entry.name.startswith("."))
     if not class_dirs:
@@ -177,10 +176,8 @@ def _scan_split(split_dir: Path, classes: tuple[str, ...] | None
             raise FolderDatasetError(f"{class_dir}: empty class folder: no image files "
                                      f"({EXTENSIONS_TEXT}, any case)")
     index = {name: i for i, name in enumerate(classes or names)}
-    files = [path for images in per_class for path in images]
-    labels = [index[d.name] for d, images in zip(class_dirs, per_class, strict=True)
-              for _ in images]
-    return names, files, labels
+    return names, [(path, index[d.name]) for d, images in zip(class_dirs, per_class, strict=True)
+                   for path in images]
 
 
 def scan_folder(root: str | os.PathLike) -> FolderLayout:
@@ -194,14 +191,12 @@ def scan_folder(root: str | os.PathLike) -> FolderLayout:
         raise FolderDatasetError(f"{train_dir}: no train folder: expected "
                                  f"{train_dir}/<class>/<images> and optionally "
                                  f"{test_dir}/<class>/<images>")
-    classes, train_files, train_labels = _scan_split(train_dir, None)
+    classes, train = _scan_split(train_dir, None)
     if len(classes) < MIN_CLASSES:
         raise FolderDatasetError(f"{train_dir}: only one class folder ({classes[0]}); need at "
                                  f"least {MIN_CLASSES} classes")
-    test_files = test_labels = None
-    if test_dir.is_dir():
-        _, test_files, test_labels = _scan_split(test_dir, classes)
-    return FolderLayout(root, classes, train_files, train_labels, test_files, test_labels)
+    test = _scan_split(test_dir, classes)[1] if test_dir.is_dir() else None
+    return FolderLayout(root, classes, train, test)
 
 
 # --- decoding and splitting ----------------------------------------------------------------
@@ -210,7 +205,7 @@ def _decode_all(layout: FolderLayout, image_size: int | None, channels: int | No
                 skip_bad: bool, progress: bool) -> tuple[list[np.ndarray | None], dict[str, str]]:
     """Each file decoded to (C, H, W) uint8 or None when skipped, and skipped path -> reason;
     without ``image_size`` all images must have the first one's size."""
-    files = layout.all_files()
+    files = layout.files()
     size = None if image_size is None else (image_size, image_size)
     arrays: list[np.ndarray | None] = []
     skipped: dict[str, str] = {}
@@ -249,56 +244,47 @@ def _build(layout: FolderLayout, image_size: int | None, channels: int | None,
            progress: bool) -> tuple[ImageDataset, ImageDataset]:
     """Decode, stack, split: the (train, test) datasets of ``layout``."""
     arrays, skipped = _decode_all(layout, image_size, channels, skip_bad, progress)
-    n_train = len(layout.train_files)
-    # the decoded (file, label, array) triples, skipped ones left out
-    train = [(f, y, a) for f, y, a in zip(layout.train_files, layout.train_labels,
-                                          arrays[:n_train], strict=True) if a is not None]
-    present = {y for _, y, _ in train}
+    # (file, label, array) of the decoded files, skipped ones left out
+    decoded = [(path, label, array) for (path, label), array
+               in zip(layout.train + (layout.test or []), arrays, strict=True)]
+    train = [item for item in decoded[:len(layout.train)] if item[2] is not None]
+    test = [item for item in decoded[len(layout.train):] if item[2] is not None]
+    present = {label for _, label, _ in train}
     for label, name in enumerate(layout.classes):
         if label not in present:
             count = sum(1 for path in skipped if path.startswith(f"{TRAIN_DIR}/{name}/"))
             raise FolderDatasetError(f"{layout.root / TRAIN_DIR / name}: no readable images in "
                                      f"this class folder ({count} skipped as unreadable)")
-    has_test = layout.test_files is not None
-    test = ([(f, y, a) for f, y, a in zip(layout.test_files, layout.test_labels,
-                                          arrays[n_train:], strict=True) if a is not None]
-            if has_test else [])
-    if has_test and not test:
+    if layout.test is not None and not test:
         raise FolderDatasetError(f"{layout.root / TEST_DIR}: no readable images "
-                                 f"({len(layout.test_files)} skipped as unreadable)")
-    kept = [a for _, _, a in train + test]
+                                 f"({len(layout.test)} skipped as unreadable)")
+    kept = [array for _, _, array in train + test]
     # C = 3 if any image is RGB: a grey (1, H, W) array broadcasts into (3, H, W)
     images = np.empty((len(kept), max(a.shape[0] for a in kept), *kept[0].shape[1:]),
                       dtype=np.uint8)  # (N_train + N_test, C, H, W)
     for i, array in enumerate(kept):
         images[i] = array
-    height, width = images.shape[2:]
     info: dict[str, Any] = {"source": NAME, "root": str(layout.root.resolve()),
                             "channels": int(images.shape[1]),
-                            "image_size": [int(height), int(width)],
+                            "image_size": [int(side) for side in images.shape[2:]],
                             "skipped": skipped}
-    labels = torch.tensor([y for _, y, _ in train], dtype=torch.long)  # (N_train,)
-    if has_test:
-        order = training_order(len(test))  # mixed classes: a test set's first images vary
-        test_images = torch.from_numpy(images[len(train):])[order]  # (N_test, C, H, W)
-        test_labels = torch.tensor([y for _, y, _ in test], dtype=torch.long)[order]
-        train_images = torch.from_numpy(images[:len(train)])  # (N_train, C, H, W)
-        train_labels = labels
+    labels = torch.tensor([label for _, label, _ in train + test], dtype=torch.long)  # (N,)
+    all_images = torch.from_numpy(images)
+    if layout.test is not None:
+        train_index = torch.arange(len(train))
+        test_index = torch.arange(len(train), len(kept))
     else:
         train_index, test_index = held_out(labels, test_fraction, seed)
-        test_index = test_index[training_order(len(test_index))]  # mixed classes
-        info["test_split"] = {"seed": seed, "fraction": test_fraction,
-                              "files": [layout.relative(train[i][0]) for i in test_index.tolist()]}
-        all_images = torch.from_numpy(images)
-        train_images, train_labels = all_images[train_index], labels[train_index]
-        test_images, test_labels = all_images[test_index], labels[test_index]
     # Folders list their images class by class; both splits are held in a seeded shuffled
     # order, as in MNIST's files, so that the first N images (--subset, the figures' first
     # test images) mix classes.
-    order = training_order(len(train_labels))  # (N,)
-    train_images, train_labels = train_images[order], train_labels[order]
-    return (ImageDataset(train_images, train_labels, layout.classes, NAME, copy.deepcopy(info)),
-            ImageDataset(test_images, test_labels, layout.classes, NAME, copy.deepcopy(info)))
+    test_index = test_index[training_order(len(test_index))]
+    train_index = train_index[training_order(len(train_index))]
+    if layout.test is None:
+        info["test_split"] = {"seed": seed, "fraction": test_fraction,
+                              "files": [layout.relative(train[i][0]) for i in test_index.tolist()]}
+    return tuple(ImageDataset(all_images[index], labels[index], layout.classes, NAME,
+                              copy.deepcopy(info)) for index in (train_index, test_index))
 
 
 # --- the cache -----------------------------------------------------------------------------

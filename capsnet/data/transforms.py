@@ -45,9 +45,6 @@ class AffineParams:
     scale_y: torch.Tensor
     position: torch.Tensor
 
-    def __len__(self) -> int:
-        return self.rotation_deg.numel()
-
 
 def sample_affine(n: int, ranges: AffineRanges = AffineRanges(), seed: int = 0) -> AffineParams:
     """``n`` parameter sets from a CPU generator seeded with ``seed``; image i's draws are
@@ -70,20 +67,17 @@ def rotation_matrix(angle_deg: torch.Tensor) -> torch.Tensor:
 
 def linear_matrix(params: AffineParams) -> torch.Tensor:
     """Forward maps (N, 2, 2): scale, then shear, then rotate."""
-    n = len(params)
-    zeros, ones = torch.zeros(n), torch.ones(n)
     scale = torch.diag_embed(torch.stack([params.scale_x, params.scale_y], -1))  # (N, 2, 2)
-    shear = torch.stack([torch.stack([ones, params.shear], -1),
-                         torch.stack([zeros, ones], -1)], -2)  # (N, 2, 2)
+    shear = torch.eye(2).repeat(params.shear.numel(), 1, 1)  # (N, 2, 2)
+    shear[:, 0, 1] = params.shear  # x' = x + shear * y
     return rotation_matrix(params.rotation_deg) @ shear @ scale  # (N, 2, 2)
 
 
 def warp(images: torch.Tensor, matrix: torch.Tensor, translation: torch.Tensor | None = None,
          out_size: int | None = None) -> torch.Tensor:
-    """Apply p' = matrix (p - centre_in) + centre_out + translation.
-
-    images: (N, H, W) or (N, C, H, W), square; matrix: (N, 2, 2) or (2, 2); translation:
-    (N, 2) pixels or None. Output: ``out_size`` square (default: the input's), same dtype."""
+    """Square images (N, [C,] H, W) mapped by p' = matrix (p - centre_in) + centre_out +
+    translation; matrix (N, 2, 2) or (2, 2), translation (N, 2) pixels -> (N, [C,] S, S),
+    S = ``out_size`` (default H), same dtype."""
     squeeze = images.dim() == 3
     x = images.unsqueeze(1) if squeeze else images  # (N, C, H, W)
     N, C, H, W = x.shape
@@ -103,9 +97,8 @@ def warp(images: torch.Tensor, matrix: torch.Tensor, translation: torch.Tensor |
     out = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="zeros",
                         align_corners=False)  # (N, C, S, S)
     if images.dtype == torch.uint8:
-        out = out.round_().clamp_(0, PIXEL_MAX).to(torch.uint8)
-    else:
-        out = out.to(images.dtype)
+        out = out.round_().clamp_(0, PIXEL_MAX)
+    out = out.to(images.dtype)
     return out.squeeze(1) if squeeze else out
 
 
