@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+
+from capsnet.data.transforms import crop_at
 
 SIGMA = 0.33  # the standard deviation of every normal draw (tf.random.normal(.., 0, .33))
 CLIP = 0.9999  # draws are clipped to +-CLIP (tf.minimum / tf.maximum)
@@ -31,21 +34,12 @@ def half_normal(shape: tuple[int, ...], generator: torch.Generator | None,
     return r.abs().clamp_max(CLIP)
 
 
-def gather_pixels(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """images (B, C, H, W)[b, :, rows[b, i, j], cols[b, i, j]], zero outside -> (B, C, H', W')."""
-    B, C, H, W = images.shape
-    inside = (rows >= 0) & (rows < H) & (cols >= 0) & (cols < W)  # (B, H', W')
-    index = rows.clamp(0, H - 1) * W + cols.clamp(0, W - 1)  # (B, H', W')
-    picked = images.flatten(2).gather(2, index.flatten(1)[:, None].expand(B, C, -1))
-    return picked.view(B, C, *rows.shape[1:]) * inside[:, None]  # (B, C, H', W')
-
-
 # --- 1. rotation -----------------------------------------------------------------------------
 
 def rotate(images: torch.Tensor, degrees: torch.Tensor) -> torch.Tensor:
     """Each image (B, C, H, W) turned counter-clockwise by its ``degrees`` (B,) about (W/2,
     H/2), bilinear, zero outside, as OpenCV's warpAffine rounds it -> (B, C, H, W)."""
-    B, C, H, W = images.shape
+    H, W = images.shape[-2:]
     device = images.device
     dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
     angle = torch.deg2rad(degrees.to(device, dtype))  # (B,)
@@ -55,25 +49,22 @@ def rotate(images: torch.Tensor, degrees: torch.Tensor) -> torch.Tensor:
     y = torch.arange(H, device=device, dtype=dtype)  # (H,)
     # the inverse map, destination -> source (cv2.invertAffineTransform): a turn by -angle
     # about (cx, cy), as a part per column plus a part per row
-    col, fx = opencv_subpixel(a * x, -b * y + (cx - a * cx + b * cy))  # (B, H, W) each
-    row, fy = opencv_subpixel(b * x, a * y + (cy - b * cx - a * cy))
-    fx, fy = fx[:, None], fy[:, None]  # (B, 1, H, W)
-    return (gather_pixels(images, row, col) * ((1 - fy) * (1 - fx))
-            + gather_pixels(images, row, col + 1) * ((1 - fy) * fx)
-            + gather_pixels(images, row + 1, col) * (fy * (1 - fx))
-            + gather_pixels(images, row + 1, col + 1) * (fy * fx))  # (B, C, H, W)
+    col = opencv_subpixel(a * x, -b * y + (cx - a * cx + b * cy))  # (B, H, W) source x
+    row = opencv_subpixel(b * x, a * y + (cy - b * cx - a * cy))  # (B, H, W) source y
+    grid = torch.stack([col / (W - 1), row / (H - 1)], dim=-1) * 2 - 1  # (B, H, W, 2)
+    turned = F.grid_sample(images.to(dtype), grid, mode="bilinear", padding_mode="zeros",
+                           align_corners=True)  # (B, C, H, W)
+    return turned.to(images.dtype)
 
 
-def opencv_subpixel(per_col: torch.Tensor,
-                    per_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Source coordinates per_col (B, W) + per_row (B, H) rounded to 1/1024, then 1/32 pixel
-    -> whole pixels (B, H, W) long and fractions (B, H, W)."""
+def opencv_subpixel(per_col: torch.Tensor, per_row: torch.Tensor) -> torch.Tensor:
+    """Source coordinates per_col (B, W) + per_row (B, H) rounded to 1/1024, then to 1/32
+    pixel -> (B, H, W) of per_col's dtype."""
     fixed = ((per_col * FIXED_POINT).round()[:, None, :]
              + (per_row * FIXED_POINT).round()[:, :, None]).long()  # (B, H, W), 1/1024 pixel
     step = FIXED_POINT // SUBPIXEL
     sub = torch.div(fixed + step // 2, step, rounding_mode="floor")  # (B, H, W), 1/32 pixel
-    whole = torch.div(sub, SUBPIXEL, rounding_mode="floor")
-    return whole, (sub - whole * SUBPIXEL).float() / SUBPIXEL
+    return sub.to(per_col.dtype) / SUBPIXEL
 
 
 def rotation_draws(batch: int, generator: torch.Generator | None,
@@ -110,13 +101,11 @@ def margin_shift(before: torch.Tensor, after: torch.Tensor, fraction: torch.Tens
 
 
 def roll(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
-    """Each image (B, C, H, W) rolled down by dy (B,) and right by dx (B,), as tf.roll."""
-    B, C, H, W = images.shape
-    device = images.device
-    rows = (torch.arange(H, device=device) - dy[:, None]) % H  # (B, H)
-    cols = (torch.arange(W, device=device) - dx[:, None]) % W  # (B, W)
-    return gather_pixels(images, rows[:, :, None].expand(B, H, W),
-                         cols[:, None, :].expand(B, H, W))
+    """Each image (B, C, H, W) rolled down by dy (B,) and right by dx (B,), as tf.roll:
+    a window of the image wrapped around on every side."""
+    H, W = images.shape[-2:]
+    wrapped = F.pad(images, (W, W, H, H), mode="circular")  # (B, C, 3H, 3W)
+    return crop_at(wrapped, H - dy, W - dx, H, W)  # (B, C, H, W)
 
 
 def random_margin_shift(images: torch.Tensor,
