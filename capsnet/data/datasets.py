@@ -20,8 +20,6 @@ from capsnet.data.idx import DatasetFileError, IDXError, first_line, read_idx
 from capsnet.data.image_dataset import ImageDataset
 from capsnet.data.sources import (
     DATASETS,
-    DOWNLOAD_TIMEOUT_S,
-    ProgressFn,
     RemoteFile,
     download_file,
     locate_dataset,
@@ -192,15 +190,12 @@ def check_archive(path: Path) -> None:
             raise ValueError(f"archive member {CIFAR_BATCH_DIR}/{name} is {problem}")
 
 
-def download_cifar10(dest_dir: str | os.PathLike, archive: RemoteFile | None = None,
-                     timeout: float = DOWNLOAD_TIMEOUT_S,
-                     progress: ProgressFn | None = None) -> Path:
+def download_cifar10(dest_dir: str | os.PathLike, archive: RemoteFile | None = None) -> Path:
     """Download and verify the archive, copy the six batch files by name (never
     ``tar.extract``), each atomically, into ``dest_dir/cifar-10-batches-bin``, delete the
     archive; returns the batch directory."""
     dest_dir = Path(dest_dir)
-    path = download_file(archive or CIFAR_ARCHIVE, dest_dir, check=check_archive,
-                         timeout=timeout, progress=progress)
+    path = download_file(archive or CIFAR_ARCHIVE, dest_dir, check=check_archive)
     out_dir = dest_dir / CIFAR_BATCH_DIR
     try:
         with tarfile.open(path, "r:gz") as tar:
@@ -246,11 +241,10 @@ def read_svhn_mat(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(x.transpose(3, 2, 0, 1)), labels  # (N, C, H, W), (N,)
 
 
-def download_svhn(dest_dir: str | os.PathLike, files: dict[str, RemoteFile] | None = None,
-                  timeout: float = DOWNLOAD_TIMEOUT_S,
-                  progress: ProgressFn | None = None) -> dict[str, Path]:
+def download_svhn(dest_dir: str | os.PathLike,
+                  files: dict[str, RemoteFile] | None = None) -> dict[str, Path]:
     """Both .mat files (default SVHN_FILES) in ``dest_dir``, MD5-verified, kept when right."""
-    return {split: download_file(remote, dest_dir, timeout=timeout, progress=progress)
+    return {split: download_file(remote, dest_dir)
             for split, remote in (files or SVHN_FILES).items()}
 
 

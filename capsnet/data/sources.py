@@ -27,8 +27,6 @@ CHUNK_BYTES = 1 << 20
 DOWNLOAD_TIMEOUT_S = 30
 MAX_DOWNLOAD_BYTES = 1 << 30  # the largest file, SVHN's train_32x32.mat, is about 182 MB
 
-# progress(file_name, bytes_received, bytes_total or None)
-ProgressFn = Callable[[str, int, int | None], None]
 
 
 @dataclass(frozen=True)
@@ -210,9 +208,10 @@ def locate_dataset(name: str | DatasetSpec, data_dir: str | os.PathLike | None =
                         data_dir=data_dir, download=download, system_dirs=spec.system_dirs)
 
 
-def _fetch(url: str, dest: Path, timeout: float, progress: ProgressFn | None) -> None:
+def _fetch(url: str, dest: Path) -> None:
     """Stream ``url`` into the file ``dest``, at most MAX_DOWNLOAD_BYTES."""
-    with urllib.request.urlopen(url, timeout=timeout) as response, open(dest, "wb") as out:
+    with (urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response,
+          open(dest, "wb") as out):
         total = response.headers.get("Content-Length")
         total = int(total) if total and total.isdigit() else None
         received = 0
@@ -221,16 +220,12 @@ def _fetch(url: str, dest: Path, timeout: float, progress: ProgressFn | None) ->
             if received > MAX_DOWNLOAD_BYTES:
                 raise ValueError(f"more than {MAX_DOWNLOAD_BYTES} bytes")
             out.write(chunk)
-            if progress is not None:
-                progress(dest.name, received, total)
         if total is not None and received != total:
             raise ValueError(f"incomplete download: {received} of {total} bytes")
 
 
 def download_file(remote: RemoteFile, dest_dir: str | os.PathLike,
-                  check: Callable[[Path], None] | None = None,
-                  timeout: float = DOWNLOAD_TIMEOUT_S,
-                  progress: ProgressFn | None = None) -> Path:
+                  check: Callable[[Path], None] | None = None) -> Path:
     """``<dest_dir>/<remote.name>``, kept when it passes the MD5 and ``check``, else fetched from
     the first URL whose content passes them; DataNotFoundError listing each URL's error."""
     target = Path(dest_dir) / remote.name
@@ -250,7 +245,7 @@ def download_file(remote: RemoteFile, dest_dir: str | os.PathLike,
     for url in remote.urls:  # each into a temporary file, renamed into place once verified
         try:
             with atomic_path(target) as tmp:
-                _fetch(url, tmp, timeout, progress)
+                _fetch(url, tmp)
                 verified(tmp)
             return target
         except (OSError, HTTPException, ValueError) as err:  # URLError, timeouts, checks
@@ -268,9 +263,8 @@ def _check_gzip(path: Path, expected_md5: str | None) -> None:
     verify_file(path, expected_md5)
 
 
-def download_dataset(name_or_spec: str | DatasetSpec, dest_dir: str | os.PathLike,
-                     timeout: float = DOWNLOAD_TIMEOUT_S,
-                     progress: ProgressFn | None = None) -> dict[str, Path]:
+def download_dataset(name_or_spec: str | DatasetSpec, dest_dir: str | os.PathLike
+                     ) -> dict[str, Path]:
     """The four files as ``<dest_dir>/<file>.gz``, each from the first mirror that verifies."""
     spec = get_spec(name_or_spec)
     Path(dest_dir).mkdir(parents=True, exist_ok=True)
@@ -278,6 +272,5 @@ def download_dataset(name_or_spec: str | DatasetSpec, dest_dir: str | os.PathLik
     for key, (file_name, md5) in spec.files.items():
         urls = tuple(f"{base.rstrip('/')}/{file_name}{GZIP_SUFFIX}" for base in spec.mirrors)
         paths[key] = download_file(RemoteFile(file_name + GZIP_SUFFIX, urls, None), dest_dir,
-                                   lambda path, md5=md5: _check_gzip(path, md5),
-                                   timeout, progress)
+                                   lambda path, md5=md5: _check_gzip(path, md5))
     return paths
