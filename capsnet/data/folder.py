@@ -306,14 +306,10 @@ def load_cached(path: Path, classes: tuple[str, ...]) -> tuple[ImageDataset, Ima
                 return None
             splits = []
             for split in (TRAIN_DIR, TEST_DIR):
-                images = stored[f"{split}_images"]  # (N, C, H, W) uint8
-                labels = stored[f"{split}_labels"]  # (N,) int64
-                if images.dtype != np.uint8 or labels.dtype != np.int64 or images.ndim != 4:
-                    return None
-                if len(labels) and (labels.min() < 0 or labels.max() >= len(classes)):
-                    return None
-                splits.append(ImageDataset(torch.from_numpy(images), torch.from_numpy(labels),
-                                           classes, NAME, copy.deepcopy(meta["info"])))
+                images = torch.from_numpy(stored[f"{split}_images"])  # (N, C, H, W) uint8
+                labels = torch.from_numpy(stored[f"{split}_labels"])  # (N,) int64
+                info = copy.deepcopy(meta["info"])
+                splits.append(ImageDataset(images, labels, classes, NAME, info))
     except CACHE_READ_ERRORS:
         return None
     return splits[0], splits[1]

@@ -110,25 +110,18 @@ def rotate(images: torch.Tensor, angle_deg: float | torch.Tensor,
 
 
 def bounding_boxes(images: torch.Tensor) -> torch.Tensor:
-    """Ink extent (N, 4) as (x_min, x_max, y_min, y_max) in centred pixel coordinates;
-    an empty image gets a zero-size box at its centre."""
-    N, H, W = images.shape
+    """Ink extent (N, 4) of images (N, H, W) as (x_min, x_max, y_min, y_max) in centred pixel
+    coordinates; an empty image gets a zero-size box at its centre."""
     ink = images > 0  # (N, H, W)
-    cols, rows = ink.any(dim=1), ink.any(dim=2)  # (N, W), (N, H)
-
-    def extent(mask: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.arange(size, device=images.device, dtype=torch.float32)  # (size,)
-        first = torch.where(mask, index, float(size)).amin(dim=1)  # (N,)
-        last = torch.where(mask, index, -1.0).amax(dim=1)  # (N,)
-        centre = (size - 1) / 2
-        empty = ~mask.any(dim=1)  # (N,)
-        low = torch.where(empty, 0.0, first - centre - HALF_PIXEL)
-        high = torch.where(empty, 0.0, last - centre + HALF_PIXEL)
-        return low, high  # (N,), (N,)
-
-    x_min, x_max = extent(cols, W)
-    y_min, y_max = extent(rows, H)
-    return torch.stack([x_min, x_max, y_min, y_max], dim=-1)  # (N, 4)
+    extents = []
+    for mask in (ink.any(dim=1), ink.any(dim=2)):  # columns (N, W), then rows (N, H)
+        size = mask.shape[1]
+        first = mask.int().argmax(dim=1)  # (N,): argmax finds the first inked place
+        last = size - 1 - mask.flip(1).int().argmax(dim=1)  # (N,)
+        centre, found = (size - 1) / 2, mask.any(dim=1)  # (N,)
+        extents += [torch.where(found, first - centre - HALF_PIXEL, 0.0),
+                    torch.where(found, last - centre + HALF_PIXEL, 0.0)]
+    return torch.stack(extents, dim=-1)  # (N, 4)
 
 
 def inside_translation(boxes: torch.Tensor, matrix: torch.Tensor, position: torch.Tensor,
