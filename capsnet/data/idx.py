@@ -61,11 +61,12 @@ class IDXError(DatasetFileError):
     """A file that is missing, unreadable or not a valid IDX file; message names the file."""
 
 
-def open_maybe_gzip(path: str | os.PathLike) -> BinaryIO:
-    """Open ``path`` for binary reading, decompressed when gzip; IDXError when missing."""
+def open_maybe_gzip(path: str | os.PathLike, decompress: bool = True) -> BinaryIO:
+    """Open ``path`` for binary reading, decompressed when gzip (unless ``decompress`` is
+    False); IDXError when it cannot be opened."""
     try:
         with open(path, "rb") as f:
-            packed = f.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+            packed = decompress and f.read(len(GZIP_MAGIC)) == GZIP_MAGIC
         return gzip.open(path, "rb") if packed else open(path, "rb")
     except FileNotFoundError as err:
         raise IDXError(path, "file not found") from err

@@ -122,11 +122,7 @@ def file_digest(path: str | os.PathLike, algorithm: str, decompress: bool = True
     """Hex ``hashlib`` digest of the content, read in chunks (decompressed if gzip, unless
     ``decompress=False``); IDXError when the file is missing or its gzip stream corrupt."""
     digest = hashlib.new(algorithm)
-    try:
-        opened = open_maybe_gzip(path) if decompress else open(path, "rb")
-    except OSError as err:  # open_maybe_gzip raises IDXError itself
-        raise IDXError(path, f"cannot open file: {err.strerror or err}") from err
-    with opened as f:
+    with open_maybe_gzip(path, decompress) as f:
         try:
             for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
                 digest.update(chunk)
