@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from capsnet.atomic import atomic_write
 from capsnet.data.idx import DatasetFileError, first_line
-from capsnet.data.image_dataset import PIXEL_MAX, ImageDataset, held_out
+from capsnet.data.image_dataset import CHANNEL_COUNTS, PIXEL_MAX, ImageDataset, held_out
 from capsnet.data.sources import default_cache_dir
 
 NAME = "folder"
@@ -34,7 +34,6 @@ TRAIN_DIR, TEST_DIR = "train", "test"
 DEFAULT_TEST_FRACTION = 0.1
 TRAIN_ORDER_SEED = 0  # the training pool's shuffled order is the same for every run
 MIN_CLASSES = 2
-CHANNEL_CHOICES = (1, 3)
 PROGRESS_MIN_FILES = 500  # fewer files decode too fast for a progress bar to help
 MAX_LISTED = 10  # skipped files named in the warning
 MISSING_STAT = (-1, -1)  # (size, mtime) of a file that cannot be stat'ed: decoding reports it
@@ -348,8 +347,8 @@ def load_folder_dataset(root: str | os.PathLike, image_size: int | None = None,
     if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int)
                                    or image_size < 1):
         raise ValueError(f"image_size must be a positive integer or None, got {image_size!r}")
-    if channels is not None and channels not in CHANNEL_CHOICES:
-        raise ValueError(f"channels must be one of {CHANNEL_CHOICES} or None, got {channels!r}")
+    if channels is not None and channels not in CHANNEL_COUNTS:
+        raise ValueError(f"channels must be one of {CHANNEL_COUNTS} or None, got {channels!r}")
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction!r}")
     layout = scan_folder(root)
