@@ -20,6 +20,7 @@ from capsnet.data.idx import DatasetFileError, IDXError, first_line, read_idx
 from capsnet.data.image_dataset import ImageDataset
 from capsnet.data.sources import (
     DATASETS,
+    DIGITS,
     RemoteFile,
     download_file,
     locate_dataset,
@@ -52,7 +53,6 @@ CIFAR_ARCHIVE = RemoteFile(
 ARCHIVE_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)  # from a damaged tar.gz
 
 # SVHN, cropped digits: X (32, 32, 3, N) uint8 and y (N, 1) labels 1..10 (10 is the digit 0).
-SVHN_CLASSES = tuple(str(digit) for digit in range(10))
 SVHN_IMAGE_SHAPE = (32, 32, 3)  # (H, W, C) of X's first three axes
 SVHN_FIRST_LABEL, SVHN_ZERO_LABEL = 1, 10  # labels run 1..10; 10 is the digit 0
 SVHN_URL = "http://ufldl.stanford.edu/housenumbers"
@@ -263,4 +263,4 @@ def load_svhn(split: str, data_dir: str | os.PathLike | None = None, download: b
                         data_dir=data_dir, download=download)[split]
     if verify:
         verify_file(path, SVHN_FILES[split].md5, decompress=False)
-    return _tensors(*read_svhn_mat(path), SVHN_CLASSES, SVHN)
+    return _tensors(*read_svhn_mat(path), DIGITS, SVHN)

@@ -19,6 +19,10 @@ from capsnet.atomic import atomic_path
 from capsnet.data.idx import GZIP_ERRORS, GZIP_MAGIC, GZIP_SUFFIX, IDXError, open_maybe_gzip
 
 FILE_KEYS = ("train_images", "train_labels", "test_images", "test_labels")
+# The four IDX files' names (without .gz), in FILE_KEYS order, alike for every IDX dataset.
+IDX_FILE_NAMES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                  "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+DIGITS = tuple(str(digit) for digit in range(10))  # the classes of digit datasets
 DATA_DIR_ENV = "CAPSNET_DATA_DIR"
 CACHE_DIR_ENV = "CAPSNET_CACHE_DIR"
 XDG_CACHE_ENV = "XDG_CACHE_HOME"
@@ -26,7 +30,6 @@ CACHE_SUBDIR = "capsnet"
 CHUNK_BYTES = 1 << 20
 DOWNLOAD_TIMEOUT_S = 30
 MAX_DOWNLOAD_BYTES = 1 << 30  # the largest file, SVHN's train_32x32.mat, is about 182 MB
-
 
 
 @dataclass(frozen=True)
@@ -54,30 +57,27 @@ class DatasetSpec:
         return [self.files[key][0] for key in FILE_KEYS]
 
 
+def idx_files(*md5s: str) -> dict[str, tuple[str, str]]:
+    """FILE_KEYS -> (IDX file name, MD5 of its decompressed content), MD5s in that order."""
+    return dict(zip(FILE_KEYS, zip(IDX_FILE_NAMES, md5s, strict=True), strict=True))
+
+
 DATASETS: dict[str, DatasetSpec] = {
     "mnist": DatasetSpec(
         name="mnist",
-        files={
-            "train_images": ("train-images-idx3-ubyte", "6bbc9ace898e44ae57da46a324031adb"),
-            "train_labels": ("train-labels-idx1-ubyte", "a25bea736e30d166cdddb491f175f624"),
-            "test_images": ("t10k-images-idx3-ubyte", "2646ac647ad5339dbf082846283269ea"),
-            "test_labels": ("t10k-labels-idx1-ubyte", "27ae3e4e09519cfbb04c329615203637"),
-        },
+        files=idx_files("6bbc9ace898e44ae57da46a324031adb", "a25bea736e30d166cdddb491f175f624",
+                        "2646ac647ad5339dbf082846283269ea", "27ae3e4e09519cfbb04c329615203637"),
         mirrors=(
             "https://ossci-datasets.s3.amazonaws.com/mnist",
             "https://storage.googleapis.com/cvdf-datasets/mnist",
         ),
         system_dirs=(),
-        classes=tuple(str(digit) for digit in range(10)),
+        classes=DIGITS,
     ),
     "fashion-mnist": DatasetSpec(
         name="fashion-mnist",
-        files={
-            "train_images": ("train-images-idx3-ubyte", "f4a8712d7a061bf5bd6d2ca38dc4d50a"),
-            "train_labels": ("train-labels-idx1-ubyte", "9018921c3c673c538a1fc5bad174d6f9"),
-            "test_images": ("t10k-images-idx3-ubyte", "8181f5470baa50b63fa0f6fddb340f0a"),
-            "test_labels": ("t10k-labels-idx1-ubyte", "15d484375f8d13e6eb1aabb0c3f46965"),
-        },
+        files=idx_files("f4a8712d7a061bf5bd6d2ca38dc4d50a", "9018921c3c673c538a1fc5bad174d6f9",
+                        "8181f5470baa50b63fa0f6fddb340f0a", "15d484375f8d13e6eb1aabb0c3f46965"),
         mirrors=("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com",),
         system_dirs=("/usr/share/datasets/fashion-mnist",),  # Debian: dataset-fashion-mnist
         classes=("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
