@@ -4,6 +4,7 @@ Malformed files raise DatasetFileError (IDXError for IDX files) naming the file.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tarfile
@@ -38,7 +39,7 @@ DATASET_NAMES = (*DATASETS, CIFAR10, SVHN, FOLDER)
 CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer",
                  "dog", "frog", "horse", "ship", "truck")
 CIFAR_SHAPE = (3, 32, 32)  # (C, H, W)
-CIFAR_RECORD_BYTES = 1 + 3 * 32 * 32  # a label byte, then the pixels: 3073
+CIFAR_RECORD_BYTES = 1 + math.prod(CIFAR_SHAPE)  # a label byte, then the pixels: 3073
 CIFAR_BATCH_DIR = "cifar-10-batches-bin"  # the folder inside the official archive
 CIFAR_SPLIT_FILES = {
     "train": tuple(f"data_batch_{i}.bin" for i in range(1, 6)),
@@ -54,7 +55,7 @@ ARCHIVE_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)  # from a dam
 
 # SVHN, cropped digits: X (32, 32, 3, N) uint8 and y (N, 1) labels 1..10 (10 is the digit 0).
 SVHN_IMAGE_SHAPE = (32, 32, 3)  # (H, W, C) of X's first three axes
-SVHN_FIRST_LABEL, SVHN_ZERO_LABEL = 1, 10  # labels run 1..10; 10 is the digit 0
+SVHN_FIRST_LABEL, SVHN_ZERO_LABEL = 1, 10
 SVHN_URL = "http://ufldl.stanford.edu/housenumbers"
 SVHN_FILES = {
     "train": RemoteFile("train_32x32.mat", (f"{SVHN_URL}/train_32x32.mat",),
