@@ -59,7 +59,7 @@ class NormalisedDataConfig(DataConfig):
     """A model that can standardise its input images."""
 
     # How images meet Conv1: 'none' (the paper's pixels in [0, 1]) or 'image' (each image
-    # standardised; capsnet.layers.input_norm). Chosen by the data (capsnet.data.policy).
+    # standardised; capsnet.layers.input_norm). Chosen by the data (capsnet.data.model_view).
     input_norm: str = "none"
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from capsnet.data.augment import center_crop
-from capsnet.data.decode import RESAMPLE, flatten_image, image_array
+from capsnet.data.folder import RESAMPLE, flatten_image, image_array
+from capsnet.data.idx import first_line
 from capsnet.data.image_dataset import PIXEL_MAX
-from capsnet.data.policy import is_digit_model
+from capsnet.data.model_view import is_digit_model
+from capsnet.data.transforms import center_crop
 
 MNIST_SIZE = 28  # side of the output field
 FIT_SIZE = 20  # the digit's longer side after scaling
@@ -39,11 +40,6 @@ class PreprocessError(ValueError):
 
 class ImageTooLargeError(PreprocessError):
     """An image with more than MAX_PIXELS pixels, refused before its pixels are decoded."""
-
-
-def load_grey(source: str | os.PathLike | bytes | bytearray | Image.Image) -> np.ndarray:
-    """Decode a path, bytes or PIL image into grey levels (H, W) float32 in [0, 255]."""
-    return decoded(source, to_grayscale)
 
 
 def decoded(source: str | os.PathLike | bytes | bytearray | Image.Image,
@@ -70,7 +66,7 @@ def decoded(source: str | os.PathLike | bytes | bytearray | Image.Image,
         raise ImageTooLargeError(f"image too large: far over the limit of {MAX_PIXELS:,} "
                                  "pixels") from None
     except Exception as exc:  # a header Pillow recognises but cannot parse
-        raise PreprocessError(f"unreadable image ({_reason(exc)})") from None
+        raise PreprocessError(f"unreadable image ({first_line(exc)})") from None
     with image:
         return convert(_checked_load(image))
 
@@ -80,20 +76,15 @@ def _checked_load(image: Image.Image) -> Image.Image:
     width, height = image.size
     if width * height > MAX_PIXELS:
         raise ImageTooLargeError(f"image too large: {width}x{height} pixels is over the limit of "
-                              f"{MAX_PIXELS:,}")
+                                 f"{MAX_PIXELS:,}")
     if width == 0 or height == 0:
         raise PreprocessError("image has no pixels")
     try:
         image.draft(None, (WORK_SIZE, WORK_SIZE))  # JPEG only: decode at 1/2, 1/4 or 1/8
         image.load()
     except Exception as exc:  # Pillow raises OSError, SyntaxError, EOFError... when truncated
-        raise PreprocessError(f"truncated or corrupt image ({_reason(exc)})") from None
+        raise PreprocessError(f"truncated or corrupt image ({first_line(exc)})") from None
     return image
-
-
-def _reason(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def to_grayscale(image: Image.Image) -> np.ndarray:
@@ -138,16 +129,14 @@ def ink_map(grey: np.ndarray) -> np.ndarray:
     return ink
 
 
-def fit_to_box(ink: np.ndarray, box: int = FIT_SIZE) -> np.ndarray:
-    """Ink (H, W) cropped to its bounding box and scaled so its longer side is ``box``
+def fit_to_box(ink: np.ndarray) -> np.ndarray:
+    """Ink (H, W) cropped to its bounding box and scaled so its longer side is FIT_SIZE
     -> (h, w) float32, max 1."""
-    rows = np.flatnonzero(ink.any(axis=1))
+    rows = np.flatnonzero(ink.any(axis=1))  # never empty: ink_map found ink
     cols = np.flatnonzero(ink.any(axis=0))
-    if rows.size == 0:
-        raise PreprocessError("no ink found: the image is blank or has too little contrast")
     crop = ink[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]  # (h0, w0)
     h0, w0 = crop.shape
-    scale = box / max(h0, w0)
+    scale = FIT_SIZE / max(h0, w0)
     size = (max(1, round(w0 * scale)), max(1, round(h0 * scale)))  # PIL's (width, height)
     resized = Image.fromarray(crop.astype(np.float32)).resize(
         size, Image.Resampling.LANCZOS, reducing_gap=None if scale >= 1 else 2.0)
@@ -158,23 +147,27 @@ def fit_to_box(ink: np.ndarray, box: int = FIT_SIZE) -> np.ndarray:
     return np.minimum(digit / peak, 1.0)
 
 
-def center_by_mass(digit: np.ndarray, size: int = MNIST_SIZE) -> np.ndarray:
-    """Digit (h, w) pasted into (size, size) float32 with its centre of mass at (size/2, size/2)."""
+def center_by_mass(digit: np.ndarray) -> np.ndarray:
+    """Digit (h, w) pasted into (28, 28) float32 with its centre of mass at (14, 14), where
+    MNIST's own digits have theirs."""
     h, w = digit.shape
     total = float(digit.sum())
     com_y = float((digit.sum(axis=1) * np.arange(h)).sum()) / total
     com_x = float((digit.sum(axis=0) * np.arange(w)).sum()) / total
-    centre = size / 2  # MNIST's own digits have their centre of mass at pixel (14, 14)
-    top = int(np.clip(round(centre - com_y), 0, size - h))
-    left = int(np.clip(round(centre - com_x), 0, size - w))
-    field = np.zeros((size, size), dtype=np.float32)  # (28, 28)
+    top = int(np.clip(round(MNIST_SIZE / 2 - com_y), 0, MNIST_SIZE - h))
+    left = int(np.clip(round(MNIST_SIZE / 2 - com_x), 0, MNIST_SIZE - w))
+    field = np.zeros((MNIST_SIZE, MNIST_SIZE), dtype=np.float32)  # (28, 28)
     field[top:top + h, left:left + w] = digit
     return field
 
 
-def prepare_array(grey: np.ndarray) -> np.ndarray:
-    """Grey levels (H, W) (any polarity, 0..255) -> MNIST-like uint8 (28, 28)."""
-    grey = np.asarray(grey, dtype=np.float32)
+def prepare_image(source: ImageSource) -> np.ndarray:
+    """A photo or scan of one digit (path, bytes, PIL image or grey array (H, W) of levels
+    0..255, any polarity) -> MNIST-like uint8 (28, 28), white on black."""
+    if isinstance(source, np.ndarray):
+        grey = np.asarray(source, dtype=np.float32)
+    else:
+        grey = decoded(source, to_grayscale)  # (H, W)
     if grey.ndim != 2:
         raise PreprocessError(f"expected a 2-D grey image, got shape {tuple(grey.shape)}")
     if grey.size == 0:
@@ -183,46 +176,29 @@ def prepare_array(grey: np.ndarray) -> np.ndarray:
     return np.round(field * PIXEL_MAX).astype(np.uint8)
 
 
-def prepare_image(source: ImageSource) -> np.ndarray:
-    """A photo or scan of one digit (path, bytes, PIL image or grey array) -> MNIST-like
-    uint8 (28, 28), white on black."""
-    if isinstance(source, np.ndarray):
-        return prepare_array(source)
-    return prepare_array(load_grey(source))
-
-
 def prepare_plain(source: ImageSource, size: int, channels: int) -> np.ndarray:
     """Any image -> uint8 (channels, size, size) as the folder reader decodes a file:
     upright, transparency onto black, grey or RGB, resized (aspect ratio not kept)."""
     def convert(image: Image.Image) -> np.ndarray:
         return image_array(flatten_image(ImageOps.exif_transpose(image)), (size, size), channels)
 
-    if isinstance(source, np.ndarray):
-        return convert(_array_image(source))
-    return decoded(source, convert)
-
-
-def _array_image(array: np.ndarray) -> Image.Image:
-    """A (H, W) grey or (H, W, 3) RGB array of levels 0..255 as a PIL image."""
-    if not (array.ndim == 2 or (array.ndim == 3 and array.shape[-1] == 3)):
+    if not isinstance(source, np.ndarray):
+        return decoded(source, convert)
+    if not (source.ndim == 2 or (source.ndim == 3 and source.shape[-1] == 3)):
         raise PreprocessError(f"expected an image array (H, W) or (H, W, 3), got shape "
-                              f"{tuple(array.shape)}")
-    if array.size == 0:
+                              f"{tuple(source.shape)}")
+    if source.size == 0:
         raise PreprocessError("image has no pixels")
-    return Image.fromarray(np.clip(np.round(array), 0, PIXEL_MAX).astype(np.uint8))
+    return convert(Image.fromarray(np.clip(np.round(source), 0, PIXEL_MAX).astype(np.uint8)))
 
 
 def fit_digit(field: np.ndarray, size: int) -> np.ndarray:
     """A (28, 28) digit for a ``size`` input: centred on black when larger, resized when smaller."""
     side = field.shape[0]
-    if size == side:
-        return field
     if size < side:
         return np.asarray(Image.fromarray(field).resize((size, size), RESAMPLE))
     top = (size - side) // 2
-    canvas = np.zeros((size, size), dtype=np.uint8)  # (size, size)
-    canvas[top:top + side, top:top + side] = field
-    return canvas
+    return np.pad(field, ((top, size - side - top),) * 2)  # (size, size)
 
 
 def prepare_for_model(source: ImageSource, config) -> np.ndarray:

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-import capsnet.data.cifar as cifar
-import capsnet.data.svhn as svhn
+import capsnet.data.datasets as datasets
 from capsnet.data import (
     ChecksumError,
     DataNotFoundError,
@@ -52,10 +51,10 @@ def write_cifar(directory: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The six batch files in ``directory``; returns split -> (images, labels) written."""
     directory.mkdir(parents=True, exist_ok=True)
     written = {}
-    for split, names in cifar.SPLIT_FILES.items():
+    for split, names in datasets.CIFAR_SPLIT_FILES.items():
         parts = []
         for name in names:
-            images, labels, raw = cifar_records(RECORDS_PER_BATCH, cifar.ALL_FILES.index(name))
+            images, labels, raw = cifar_records(RECORDS_PER_BATCH, datasets.CIFAR_FILES.index(name))
             (directory / name).write_bytes(raw)
             parts.append((images, labels))
         written[split] = (np.concatenate([images for images, _ in parts]),
@@ -64,7 +63,7 @@ def write_cifar(directory: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def test_cifar_reads_channel_major_records(tmp_path):
-    written = write_cifar(tmp_path / "d" / cifar.BATCH_DIR)
+    written = write_cifar(tmp_path / "d" / datasets.CIFAR_BATCH_DIR)
     for split in ("train", "test"):
         dataset = load_cifar10(split, data_dir=tmp_path / "d", download=False)
         images, labels = written[split]
@@ -73,8 +72,8 @@ def test_cifar_reads_channel_major_records(tmp_path):
         assert dataset.labels.tolist() == labels.tolist() and dataset.labels.dtype == torch.int64
         assert dataset.classes[0] == "airplane" and dataset.classes[-1] == "truck"
     assert len(load_cifar10("train", tmp_path / "d", download=False)) == 5 * RECORDS_PER_BATCH
-    red = np.frombuffer((tmp_path / "d" / cifar.BATCH_DIR / "test_batch.bin").read_bytes()[1:1025],
-                        np.uint8)
+    test_batch = tmp_path / "d" / datasets.CIFAR_BATCH_DIR / "test_batch.bin"
+    red = np.frombuffer(test_batch.read_bytes()[1:1025], np.uint8)
     assert torch.equal(load_cifar10("test", tmp_path / "d", False).images[0, 0].flatten(),
                        torch.from_numpy(red.copy()))
 
@@ -82,9 +81,9 @@ def test_cifar_reads_channel_major_records(tmp_path):
 def test_cifar_lookup_order_and_registry(tmp_path, monkeypatch):
     write_cifar(tmp_path / "arg" / "cifar10")
     write_cifar(tmp_path / "env")
-    assert cifar.locate_cifar10(tmp_path / "arg", download=False) == tmp_path / "arg" / "cifar10"
+    assert datasets.locate_cifar10(tmp_path / "arg", download=False) == tmp_path / "arg" / "cifar10"
     monkeypatch.setenv("CAPSNET_DATA_DIR", str(tmp_path / "env"))
-    assert cifar.locate_cifar10(download=False) == tmp_path / "env"
+    assert datasets.locate_cifar10(download=False) == tmp_path / "env"
     train, test = load_dataset("cifar10", data_dir=tmp_path / "arg", download=False)
     assert len(train) == 5 * RECORDS_PER_BATCH and len(test) == RECORDS_PER_BATCH
 
@@ -117,8 +116,8 @@ def build_archive(path: Path, source: Path, extra=()) -> None:
     TarInfo members; an extra member with a batch file's name takes its place."""
     replaced = {info.name for info in extra}
     with tarfile.open(path, "w:gz") as tar:
-        for name in cifar.ALL_FILES:
-            arcname = f"{cifar.BATCH_DIR}/{name}"
+        for name in datasets.CIFAR_FILES:
+            arcname = f"{datasets.CIFAR_BATCH_DIR}/{name}"
             if arcname not in replaced:
                 tar.add(source / name, arcname=arcname)
         for info in extra:
@@ -140,19 +139,20 @@ def test_cifar_download_verifies_extracts_and_cleans_up(tmp_path, http_root, mon
     build_archive(archive, tmp_path / "src")
     urls = (f"{base}/absent.tar.gz", f"{base}/{archive.name}")  # the first one fails: 404
     remote = RemoteFile("cifar-10-binary.tar.gz", urls, md5(archive))
-    monkeypatch.setattr(cifar, "ARCHIVE", remote)
+    monkeypatch.setattr(datasets, "CIFAR_ARCHIVE", remote)
     train = load_cifar10("train")  # nothing local: downloaded into the cache
     cache = tmp_path / "cache" / "cifar10"
     assert torch.equal(train.images, torch.from_numpy(written["train"][0]))
-    assert sorted(p.name for p in cache.iterdir()) == [cifar.BATCH_DIR]  # archive removed
-    assert sorted(p.name for p in (cache / cifar.BATCH_DIR).iterdir()) == sorted(cifar.ALL_FILES)
+    assert sorted(p.name for p in cache.iterdir()) == [datasets.CIFAR_BATCH_DIR]  # archive removed
+    batches = cache / datasets.CIFAR_BATCH_DIR
+    assert sorted(p.name for p in batches.iterdir()) == sorted(datasets.CIFAR_FILES)
 
 
 @pytest.mark.parametrize("member, reason", [
     (evil_member("../evil.bin"), "unsafe archive member '../evil.bin'"),
     (evil_member("/tmp/capsnet-evil.bin"), "unsafe archive member"),
-    (evil_member(f"{cifar.BATCH_DIR}/../../evil.bin"), "unsafe archive member"),
-    (evil_member(f"{cifar.BATCH_DIR}/data_batch_1.bin", tarfile.SYMTYPE, "/etc/passwd"),
+    (evil_member(f"{datasets.CIFAR_BATCH_DIR}/../../evil.bin"), "unsafe archive member"),
+    (evil_member(f"{datasets.CIFAR_BATCH_DIR}/data_batch_1.bin", tarfile.SYMTYPE, "/etc/passwd"),
      "not a regular file"),
 ])
 def test_cifar_download_refuses_unsafe_archives(tmp_path, http_root, member, reason):
@@ -163,7 +163,7 @@ def test_cifar_download_refuses_unsafe_archives(tmp_path, http_root, member, rea
     remote = RemoteFile("cifar-10-binary.tar.gz", (f"{base}/evil.tar.gz",), md5(archive))
     dest = tmp_path / "deep" / "dest"
     with pytest.raises(DataNotFoundError, match=reason):
-        cifar.download_cifar10(dest, archive=remote)
+        datasets.download_cifar10(dest, archive=remote)
     assert not (tmp_path / "deep" / "evil.bin").exists() and not (tmp_path / "evil.bin").exists()
     assert list(dest.iterdir()) == []
 
@@ -174,7 +174,7 @@ def test_cifar_download_checksum_mismatch(tmp_path, http_root):
     build_archive(www / "a.tar.gz", tmp_path / "src")
     remote = RemoteFile("cifar-10-binary.tar.gz", (f"{base}/a.tar.gz",), "0" * 32)
     with pytest.raises(DataNotFoundError, match="checksum mismatch: md5 of the file"):
-        cifar.download_cifar10(tmp_path / "dest", archive=remote)
+        datasets.download_cifar10(tmp_path / "dest", archive=remote)
 
 
 # ---- SVHN -----------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def svhn_arrays(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 256, (32, 32, 3, n), dtype=np.uint8)
     y = rng.integers(1, 11, (n, 1)).astype(np.uint8)
-    y[0, 0] = svhn.ZERO_LABEL
+    y[0, 0] = datasets.SVHN_ZERO_LABEL
     return x, y
 
 
@@ -193,7 +193,7 @@ def write_svhn(directory: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     written = {}
     for seed, (split, n) in enumerate(SVHN_SIZES.items()):
         x, y = svhn_arrays(n, seed)
-        scipy_io.savemat(directory / svhn.FILES[split].name, {"X": x, "y": y})
+        scipy_io.savemat(directory / datasets.SVHN_FILES[split].name, {"X": x, "y": y})
         written[split] = (x, y)
     return written
 
@@ -226,7 +226,7 @@ def test_svhn_reads_and_maps_ten_to_zero(tmp_path):
 ])
 def test_svhn_bad_file_named(tmp_path, contents, reason):
     write_svhn(tmp_path / "d")
-    bad = tmp_path / "d" / svhn.FILES["test"].name
+    bad = tmp_path / "d" / datasets.SVHN_FILES["test"].name
     if contents is None:
         bad.write_bytes(b"this is not a MATLAB file at all" * 10)
     else:
@@ -248,15 +248,15 @@ def test_svhn_download_verified_and_not_found(tmp_path, http_root, monkeypatch):
     www, base = http_root
     written = write_svhn(www)
     files = {split: RemoteFile(remote.name, (f"{base}/{remote.name}",), md5(www / remote.name))
-             for split, remote in svhn.FILES.items()}
+             for split, remote in datasets.SVHN_FILES.items()}
     with pytest.raises(DataNotFoundError, match="download disabled"):
         load_svhn("train", download=False)
-    monkeypatch.setattr(svhn, "FILES", files)
+    monkeypatch.setattr(datasets, "SVHN_FILES", files)
     test = load_svhn("test")
     assert torch.equal(test.images[0, 0], torch.from_numpy(written["test"][0][:, :, 0, 0]))
     cache = tmp_path / "cache" / "svhn"
     assert sorted(p.name for p in cache.iterdir()) == sorted(r.name for r in files.values())
     wrong = {split: RemoteFile(r.name, r.urls, "0" * 32) for split, r in files.items()}
     with pytest.raises(DataNotFoundError, match="checksum mismatch"):
-        svhn.download_svhn(tmp_path / "other", files=wrong)
+        datasets.download_svhn(tmp_path / "other", files=wrong)
     assert list((tmp_path / "other").iterdir()) == []

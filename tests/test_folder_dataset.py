@@ -18,7 +18,7 @@ from capsnet.data import (
     load_folder_dataset,
     load_split,
 )
-from capsnet.data.decode import decode_image_file
+from capsnet.data.folder import decode_image_file
 
 SIZE = (6, 5)  # (H, W) of the generated images
 PER_CLASS = 4

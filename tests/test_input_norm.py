@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from capsnet.data.policy import conv1_stride_for, input_norm_for
+from capsnet.data.model_view import conv1_stride_for, input_norm_for
 from capsnet.layers.input_norm import InputNorm, standardise_images
 from capsnet.models import CapsNetConfig, build_model, make_config
 from capsnet.training import TrainSettings, fit

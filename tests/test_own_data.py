@@ -13,8 +13,8 @@ from PIL import Image
 
 from capsnet.checkpoint import load_checkpoint, load_model, weights_info
 from capsnet.cli.main import main
-from capsnet.data import cifar
-from capsnet.data.decode import decode_image_file
+from capsnet.data import datasets
+from capsnet.data.folder import decode_image_file
 from capsnet.data.image_dataset import ImageDataset
 from capsnet.data.model_view import fit_to_model, load_test_set
 from capsnet.export import read_description
@@ -309,7 +309,7 @@ def write_tiny_cifar(directory: Path, per_batch: int = 2) -> Path:
     """The six CIFAR-10 binary batch files with ``per_batch`` random records each."""
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    for name in cifar.ALL_FILES:
+    for name in datasets.CIFAR_FILES:
         labels = rng.integers(0, 10, (per_batch, 1), dtype=np.uint8)
         pixels = rng.integers(0, 256, (per_batch, 3 * 32 * 32), dtype=np.uint8)
         (directory / name).write_bytes(np.concatenate([labels, pixels], axis=1).tobytes())

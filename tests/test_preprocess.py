@@ -9,7 +9,7 @@ import pytest
 from image_files import encoded, png_header
 from PIL import Image, ImageDraw
 
-from capsnet.data.decode import decode_image_file
+from capsnet.data.folder import decode_image_file
 from capsnet.models import CapsNetConfig
 from capsnet.preprocess import (
     FIT_SIZE,

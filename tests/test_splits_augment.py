@@ -4,9 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capsnet.data.augment import random_shift
-from capsnet.data.image_dataset import to_model_input
-from capsnet.data.splits import epoch_order, stratified_split
+from capsnet.data.image_dataset import epoch_order, stratified_split, to_model_input
+from capsnet.data.transforms import random_shift
 
 
 def unbalanced_labels(seed: int = 0) -> torch.Tensor:

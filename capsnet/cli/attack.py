@@ -30,10 +30,9 @@ from capsnet.attacks.runner import write_json
 from capsnet.checkpoint import load_model
 from capsnet.cli.args import add_data_args, add_device_arg, load_cli_test_set
 from capsnet.data.datasets import load_split
-from capsnet.data.image_dataset import to_model_input
+from capsnet.data.image_dataset import stratified_split, to_model_input
 from capsnet.data.model_view import fit_to_model
 from capsnet.data.sources import DataNotFoundError
-from capsnet.data.splits import stratified_split
 from capsnet.devices import pick_device
 from capsnet.experiments.robustness import named_models
 from capsnet.training.settings import validation_size

@@ -1,8 +1,14 @@
 """Data: IDX files, CIFAR-10, SVHN and image folders; dataset sources (lookup and
 download) and tensor datasets."""
 
-from capsnet.data.cifar import load_cifar10
-from capsnet.data.datasets import DATASET_NAMES, ImageDataset, load_dataset, load_split
+from capsnet.data.datasets import (
+    DATASET_NAMES,
+    ImageDataset,
+    load_cifar10,
+    load_dataset,
+    load_split,
+    load_svhn,
+)
 from capsnet.data.folder import FolderDatasetError, format_skipped_warning, load_folder_dataset
 from capsnet.data.idx import DatasetFileError, IDXError, read_idx
 from capsnet.data.sources import (
@@ -15,7 +21,6 @@ from capsnet.data.sources import (
     file_md5,
     locate_dataset,
 )
-from capsnet.data.svhn import load_svhn
 
 __all__ = [
     "ChecksumError",

@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+
+from capsnet.data.transforms import crop_at
 
 SIGMA = 0.33  # the standard deviation of every normal draw (tf.random.normal(.., 0, .33))
 CLIP = 0.9999  # draws are clipped to +-CLIP (tf.minimum / tf.maximum)
@@ -24,13 +27,6 @@ ERASE_FIRST, ERASE_PLACES = 4, 19  # ... at row and column floor(19 u) + 4: 4..2
 FIXED_POINT, SUBPIXEL = 1024, 32
 
 
-def clipped_normal(shape: tuple[int, ...], generator: torch.Generator | None,
-                   device: torch.device) -> torch.Tensor:
-    """N(0, SIGMA) draws clipped to [-CLIP, CLIP], float32."""
-    r = torch.randn(shape, generator=generator, device=device) * SIGMA
-    return r.clamp(-CLIP, CLIP)
-
-
 def half_normal(shape: tuple[int, ...], generator: torch.Generator | None,
                 device: torch.device) -> torch.Tensor:
     """min(|N(0, SIGMA)|, CLIP), float32: the fractions of the shift and the squeeze."""
@@ -38,23 +34,12 @@ def half_normal(shape: tuple[int, ...], generator: torch.Generator | None,
     return r.abs().clamp_max(CLIP)
 
 
-def gather_pixels(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """images[b, :, rows[b, i, j], cols[b, i, j]], zero outside.
-    images (B, C, H, W); rows, cols (B, H', W') long -> (B, C, H', W')."""
-    B, C, H, W = images.shape
-    inside = (rows >= 0) & (rows < H) & (cols >= 0) & (cols < W)  # (B, H', W')
-    index = rows.clamp(0, H - 1) * W + cols.clamp(0, W - 1)  # (B, H', W')
-    picked = images.flatten(2).gather(2, index.flatten(1)[:, None].expand(B, C, -1))
-    return picked.view(B, C, *rows.shape[1:]) * inside[:, None]  # (B, C, H', W')
-
-
 # --- 1. rotation -----------------------------------------------------------------------------
 
 def rotate(images: torch.Tensor, degrees: torch.Tensor) -> torch.Tensor:
-    """Each image turned counter-clockwise by its ``degrees`` about (W/2, H/2), bilinear,
-    zero outside, as OpenCV's warpAffine does it (bit-identical on MNIST digits).
-    images (B, C, H, W) float; degrees (B,) -> (B, C, H, W)."""
-    B, C, H, W = images.shape
+    """Each image (B, C, H, W) turned counter-clockwise by its ``degrees`` (B,) about (W/2,
+    H/2), bilinear, zero outside, as OpenCV's warpAffine rounds it -> (B, C, H, W)."""
+    H, W = images.shape[-2:]
     device = images.device
     dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
     angle = torch.deg2rad(degrees.to(device, dtype))  # (B,)
@@ -64,37 +49,34 @@ def rotate(images: torch.Tensor, degrees: torch.Tensor) -> torch.Tensor:
     y = torch.arange(H, device=device, dtype=dtype)  # (H,)
     # the inverse map, destination -> source (cv2.invertAffineTransform): a turn by -angle
     # about (cx, cy), as a part per column plus a part per row
-    col, fx = opencv_subpixel(a * x, -b * y + (cx - a * cx + b * cy))  # (B, H, W) each
-    row, fy = opencv_subpixel(b * x, a * y + (cy - b * cx - a * cy))
-    fx, fy = fx[:, None], fy[:, None]  # (B, 1, H, W)
-    return (gather_pixels(images, row, col) * ((1 - fy) * (1 - fx))
-            + gather_pixels(images, row, col + 1) * ((1 - fy) * fx)
-            + gather_pixels(images, row + 1, col) * (fy * (1 - fx))
-            + gather_pixels(images, row + 1, col + 1) * (fy * fx))  # (B, C, H, W)
+    col = opencv_subpixel(a * x, -b * y + (cx - a * cx + b * cy))  # (B, H, W) source x
+    row = opencv_subpixel(b * x, a * y + (cy - b * cx - a * cy))  # (B, H, W) source y
+    grid = torch.stack([col / (W - 1), row / (H - 1)], dim=-1) * 2 - 1  # (B, H, W, 2)
+    turned = F.grid_sample(images.to(dtype), grid, mode="bilinear", padding_mode="zeros",
+                           align_corners=True)  # (B, C, H, W)
+    return turned.to(images.dtype)
 
 
-def opencv_subpixel(per_col: torch.Tensor,
-                    per_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A source coordinate as OpenCV's warpAffine rounds it (1/1024, then 1/32 pixel).
-    per_col (B, W), per_row (B, H) float -> (B, H, W) long whole pixels, (B, H, W) fractions."""
+def opencv_subpixel(per_col: torch.Tensor, per_row: torch.Tensor) -> torch.Tensor:
+    """Source coordinates per_col (B, W) + per_row (B, H) rounded to 1/1024, then to 1/32
+    pixel -> (B, H, W) of per_col's dtype."""
     fixed = ((per_col * FIXED_POINT).round()[:, None, :]
              + (per_row * FIXED_POINT).round()[:, :, None]).long()  # (B, H, W), 1/1024 pixel
     step = FIXED_POINT // SUBPIXEL
     sub = torch.div(fixed + step // 2, step, rounding_mode="floor")  # (B, H, W), 1/32 pixel
-    whole = torch.div(sub, SUBPIXEL, rounding_mode="floor")
-    return whole, (sub - whole * SUBPIXEL).float() / SUBPIXEL
+    return sub.to(per_col.dtype) / SUBPIXEL
 
 
 def rotation_draws(batch: int, generator: torch.Generator | None,
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole degrees int(30 r), r ~ N(0, 0.33) clipped to +-0.9999, and whether each image
-    is turned (half of the time). Returns (B,) float32 and (B,) bool."""
-    r = clipped_normal((batch, 2), generator, device)  # (B, 2)
+    """Whole degrees int(30 r), r ~ N(0, 0.33) clipped to +-0.9999, (B,), and whether each
+    image is turned (half of the time), (B,) bool."""
+    r = (torch.randn((batch, 2), generator=generator, device=device) * SIGMA).clamp(-CLIP, CLIP)
     return (r[:, 0] * MAX_DEGREES).trunc(), r[:, 1] <= 0
 
 
 def random_rotate(images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Half of the images turned by :func:`rotation_draws`. (B, C, H, W) -> (B, C, H, W)."""
+    """Half of the images (B, C, H, W) turned by :func:`rotation_draws`."""
     degrees, turned = rotation_draws(images.shape[0], generator, images.device)
     return torch.where(turned[:, None, None, None], rotate(images, degrees), images)
 
@@ -102,8 +84,7 @@ def random_rotate(images: torch.Tensor, generator: torch.Generator | None = None
 # --- 2. shift into the free margins ----------------------------------------------------------
 
 def margins(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Empty columns left and right of the ink, empty rows above and below (0 if blank).
-    images (B, C, H, W) -> left, right, top, bottom, each (B,) long."""
+    """Empty columns left and right of the ink, rows above and below (0 if blank), each (B,)."""
     cols = (images.sum(dim=(1, 2)) > 0).int()  # (B, W)
     rows = (images.sum(dim=(1, 3)) > 0).int()  # (B, H)
     # argmax finds the first maximum: the first inked column from either side
@@ -112,28 +93,25 @@ def margins(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def margin_shift(before: torch.Tensor, after: torch.Tensor, fraction: torch.Tensor,
                  forward: torch.Tensor) -> torch.Tensor:
-    """Pixels to move along one axis, toward the start or (``forward``) the end, within
-    the margin. before, after (B,); fraction (B,) in [0, 1); forward (B,) bool -> (B,) long."""
+    """Pixels (B,) to move along one axis toward the start or (``forward``) the end, a
+    ``fraction`` of the margin ``before`` or ``after``; all (B,)."""
     back = torch.floor(-fraction * before)  # (B,)
     ahead = torch.floor(fraction * (1 + after))  # (B,)
     return torch.where(forward, ahead, back).long()
 
 
 def roll(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
-    """Each image rolled down by dy and right by dx (tf.roll).
-    images (B, C, H, W); dy, dx (B,) long -> (B, C, H, W)."""
-    B, C, H, W = images.shape
-    device = images.device
-    rows = (torch.arange(H, device=device) - dy[:, None]) % H  # (B, H)
-    cols = (torch.arange(W, device=device) - dx[:, None]) % W  # (B, W)
-    return gather_pixels(images, rows[:, :, None].expand(B, H, W),
-                         cols[:, None, :].expand(B, H, W))
+    """Each image (B, C, H, W) rolled down by dy (B,) and right by dx (B,), as tf.roll:
+    a window of the image wrapped around on every side."""
+    H, W = images.shape[-2:]
+    wrapped = F.pad(images, (W, W, H, H), mode="circular")  # (B, C, 3H, 3W)
+    return crop_at(wrapped, H - dy, W - dx, H, W)  # (B, C, H, W)
 
 
 def random_margin_shift(images: torch.Tensor,
                         generator: torch.Generator | None = None) -> torch.Tensor:
-    """Each image moved in x and y by a fraction min(|N(0, 0.33)|, 0.9999) of its free
-    margin on a random side. (B, C, H, W) -> (B, C, H, W)."""
+    """Each image (B, C, H, W) moved in x and y by a fraction min(|N(0, 0.33)|, 0.9999) of
+    its free margin on a random side."""
     B, device = images.shape[0], images.device
     left, right, top, bottom = margins(images)
     forward = torch.rand((B, 2), generator=generator, device=device) >= 0.5  # floor(2u) == 1
@@ -155,9 +133,8 @@ def lanczos3(x: torch.Tensor) -> torch.Tensor:
 
 
 def squeeze_weights(size: int, cut: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
-    """Per image, the (size, size) matrix resizing a row to size - cut pixels (TensorFlow's
-    antialiased Lanczos-3 scale_and_translate) placed from column cut // 2 + extra.
-    cut, extra (B,) long -> (B, size, size), [b, output column, input column]."""
+    """The matrices (B, size, size) [b, output column, input column] resizing a row to size -
+    cut (B,) pixels (TensorFlow's antialiased Lanczos-3) placed from column cut // 2 + extra."""
     device = cut.device
     out_size = (size - cut).float()[:, None, None]  # (B, 1, 1)
     inv_scale = size / out_size  # (B, 1, 1): the kernel's width, > 1 (a downscale)
@@ -175,16 +152,15 @@ def squeeze_weights(size: int, cut: torch.Tensor, extra: torch.Tensor) -> torch.
 
 
 def squeeze(images: torch.Tensor, cut: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
-    """Each image's width resized to W - cut, placed from column cut // 2 + extra on zeros.
-    images (B, C, H, W); cut, extra (B,) long -> (B, C, H, W)."""
+    """Each image's (B, C, H, W) width resized to W - cut (B,), placed from column
+    cut // 2 + extra (B,) on zeros."""
     weights = squeeze_weights(images.shape[-1], cut.to(images.device), extra.to(images.device))
     return torch.einsum("bchs,bjs->bchj", images, weights.to(images.dtype))  # (B, C, H, W)
 
 
 def random_squeeze(images: torch.Tensor,
                    generator: torch.Generator | None = None) -> torch.Tensor:
-    """Each image squeezed by floor(W/4 r + 1) columns at cut // 2 + floor(2 r').
-    (B, C, H, W) -> (B, C, H, W)."""
+    """Each image (B, C, H, W) squeezed by floor(W/4 r + 1) columns at cut // 2 + floor(2 r')."""
     B, W = images.shape[0], images.shape[-1]
     r = half_normal((B, 2), generator, images.device)  # (B, 2)
     cut = torch.floor(r[:, 0] * (W / SQUEEZE_FRACTION) + 1).long()  # (B,)
@@ -196,8 +172,7 @@ def random_squeeze(images: torch.Tensor,
 
 def erase(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor,
           size: int = ERASE_SIZE) -> torch.Tensor:
-    """The ``size`` x ``size`` patch at (``top``, ``left``) set to zero.
-    images (B, C, H, W); top, left (B,) long -> (B, C, H, W)."""
+    """The ``size`` x ``size`` patch of each image (B, C, H, W) at (top, left) (B,) zeroed."""
     H, W = images.shape[-2:]
     device = images.device
     rows = torch.arange(H, device=device) - top[:, None]  # (B, H)
@@ -210,7 +185,7 @@ def erase(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor,
 def random_erase(images: torch.Tensor, generator: torch.Generator | None = None,
                  size: int = ERASE_SIZE, first: int = ERASE_FIRST,
                  places: int = ERASE_PLACES) -> torch.Tensor:
-    """A ``size`` x ``size`` patch zeroed at a uniform place. (B, C, H, W) -> (B, C, H, W)."""
+    """A ``size`` x ``size`` patch of each image (B, C, H, W) zeroed at a uniform place."""
     B, C, H, W = images.shape
     if first + places - 1 + size > min(H, W):
         raise ValueError(f"a {size}x{size} patch from {first}..{first + places - 1} does not "

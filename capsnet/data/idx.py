@@ -9,13 +9,11 @@ import math
 import os
 import zlib
 from pathlib import Path
-from typing import BinaryIO, Union
+from typing import BinaryIO
 
 import numpy as np
 
 from capsnet.atomic import atomic_write
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 GZIP_SUFFIX = ".gz"
@@ -23,7 +21,7 @@ GZIP_LEVEL = 6  # zlib's default: 9 is several times slower for a few percent
 MAGIC_SIZE = 4
 DIM_SIZE = 4  # each dimension size is a big-endian uint32
 MAX_NDIM = 8
-DEFAULT_MAX_BYTES = 1 << 31
+MAX_BYTES = 1 << 31  # a header claiming more is refused before allocating
 
 # IDX type code -> big-endian numpy dtype of the payload.
 TYPE_CODES: dict[int, np.dtype] = {
@@ -40,10 +38,16 @@ DTYPE_CODES: dict[np.dtype, int] = {dt.newbyteorder("="): code for code, dt in T
 GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error, OSError)
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message, else its type's name."""
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
 class DatasetFileError(ValueError):
     """A dataset file that is missing, unreadable or malformed; the message starts with the path."""
 
-    def __init__(self, path: PathLike, reason: str):
+    def __init__(self, path: str | os.PathLike, reason: str):
         super().__init__(f"{os.fspath(path)}: {reason}")
         self.path = os.fspath(path)
         self.reason = reason
@@ -57,39 +61,22 @@ class IDXError(DatasetFileError):
     """A file that is missing, unreadable or not a valid IDX file; message names the file."""
 
 
-def is_gzip(path: PathLike) -> bool:
-    """True when the file starts with the gzip magic bytes (1f 8b)."""
-    with open(path, "rb") as f:
-        return f.read(len(GZIP_MAGIC)) == GZIP_MAGIC
-
-
-def open_maybe_gzip(path: PathLike) -> BinaryIO:
-    """Open ``path`` for binary reading, decompressed when gzip; IDXError when missing."""
+def open_maybe_gzip(path: str | os.PathLike, decompress: bool = True) -> BinaryIO:
+    """Open ``path`` for binary reading, decompressed when gzip (unless ``decompress`` is
+    False); IDXError when it cannot be opened."""
     try:
-        if is_gzip(path):
-            return gzip.open(path, "rb")
-        return open(path, "rb")
+        with open(path, "rb") as f:
+            packed = decompress and f.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+        return gzip.open(path, "rb") if packed else open(path, "rb")
     except FileNotFoundError as err:
         raise IDXError(path, "file not found") from err
     except OSError as err:
         raise IDXError(path, f"cannot open file: {err.strerror or err}") from err
 
 
-def _read_up_to(f: BinaryIO, size: int) -> bytes:
-    """Read ``size`` bytes, or fewer only at end of file."""
-    chunks, remaining = [], size
-    while remaining > 0:
-        chunk = f.read(remaining)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
-
-
-def _read_header(f: BinaryIO, path: PathLike) -> tuple[np.dtype, tuple[int, ...]]:
+def _read_header(f: BinaryIO, path: str | os.PathLike) -> tuple[np.dtype, tuple[int, ...]]:
     """Parse the magic number and the dimension sizes; returns (big-endian dtype, shape)."""
-    magic = _read_up_to(f, MAGIC_SIZE)
+    magic = f.read(MAGIC_SIZE)  # buffered reads return fewer bytes only at the end
     if not magic:
         raise IDXError(path, "empty file")
     if len(magic) < MAGIC_SIZE:
@@ -102,7 +89,7 @@ def _read_header(f: BinaryIO, path: PathLike) -> tuple[np.dtype, tuple[int, ...]
         raise IDXError(path, f"unknown IDX type code 0x{type_code:02X} (known: {known})")
     if not 1 <= ndim <= MAX_NDIM:
         raise IDXError(path, f"IDX header has {ndim} dimensions, expected 1..{MAX_NDIM}")
-    raw_dims = _read_up_to(f, ndim * DIM_SIZE)
+    raw_dims = f.read(ndim * DIM_SIZE)
     if len(raw_dims) < ndim * DIM_SIZE:
         raise IDXError(path, f"truncated IDX header: {ndim} dimensions need "
                              f"{ndim * DIM_SIZE} bytes, found {len(raw_dims)}")
@@ -112,65 +99,47 @@ def _read_header(f: BinaryIO, path: PathLike) -> tuple[np.dtype, tuple[int, ...]
     return TYPE_CODES[type_code], shape
 
 
-def _read_payload(f: BinaryIO, path: PathLike, dtype: np.dtype,
-                  shape: tuple[int, ...]) -> np.ndarray:
-    """Read exactly the claimed payload into a new array; one byte more is an error."""
-    array = np.empty(shape, dtype=dtype)
-    view = memoryview(array).cast("B")
-    claimed, filled = view.nbytes, 0
-    while filled < claimed:
-        n = f.readinto(view[filled:])
-        if not n:
-            raise IDXError(path, f"truncated IDX file: header claims {claimed} bytes of data, "
-                                 f"found {filled}")
-        filled += n
-    if f.read(1):
-        raise IDXError(path, f"IDX file has trailing bytes after the {claimed} bytes of data "
-                             f"its header claims")
-    return array
-
-
-def read_idx(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
-    """An IDX file (raw or gzip) -> a native-endian array of its dims; a header claiming more
-    than ``max_bytes`` is refused before allocating. IDXError for every problem."""
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """An IDX file (raw or gzip) -> a native-endian array of its dims; IDXError for every
+    problem, a header claiming more than MAX_BYTES included."""
     with open_maybe_gzip(path) as f:
         try:
             dtype, shape = _read_header(f, path)
             claimed = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
-            if claimed > max_bytes:
+            if claimed > MAX_BYTES:
                 raise IDXError(path, f"header claims {claimed} bytes, "
-                                     f"more than the limit {max_bytes}")
-            array = _read_payload(f, path, dtype, shape)
+                                     f"more than the limit {MAX_BYTES}")
+            array = np.empty(shape, dtype=dtype)
+            filled = f.readinto(memoryview(array).cast("B"))  # short only at the end
+            if filled < claimed:
+                raise IDXError(path, f"truncated IDX file: header claims {claimed} bytes of "
+                                     f"data, found {filled}")
+            if f.read(1):
+                raise IDXError(path, f"IDX file has trailing bytes after the {claimed} bytes "
+                                     f"of data its header claims")
         except GZIP_ERRORS as err:
             kind = "corrupt gzip data" if isinstance(f, gzip.GzipFile) else "read error"
             raise IDXError(path, f"{kind}: {err}") from err
     return array.astype(dtype.newbyteorder("="), copy=False)
 
 
-def _idx_header(array: np.ndarray) -> bytes:
-    """The magic number and dimension sizes that describe ``array``."""
+def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
+    """Write ``array`` as an IDX file, atomically, gzip when ``path`` ends in ``.gz``."""
+    array = np.asarray(array)
     code = DTYPE_CODES.get(array.dtype.newbyteorder("="))
     if code is None:
         known = ", ".join(str(dt) for dt in DTYPE_CODES)
         raise ValueError(f"IDX cannot store dtype {array.dtype} (supported: {known})")
     if not 1 <= array.ndim <= MAX_NDIM or 0 in array.shape:
         raise ValueError(f"IDX needs 1..{MAX_NDIM} non-zero dimensions, got shape {array.shape}")
-    dims = np.asarray(array.shape, dtype=">u4").tobytes()
-    return bytes([0, 0, code, array.ndim]) + dims
-
-
-def write_idx(path: PathLike, array: np.ndarray) -> None:
-    """Write ``array`` as an IDX file, atomically, gzip when ``path`` ends in ``.gz``."""
-    array = np.asarray(array)
-    header = _idx_header(array)
+    header = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
     payload = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder(">")).tobytes()
+
     def write(raw) -> None:
         if Path(path).name.endswith(GZIP_SUFFIX):
             with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
-                gz.write(header)
-                gz.write(payload)
+                gz.write(header + payload)
         else:
-            raw.write(header)
-            raw.write(payload)
+            raw.write(header + payload)
 
     atomic_write(path, write)

@@ -1,5 +1,6 @@
 """ImageDataset: uint8 images with integer labels, held as tensors, a torch Dataset of
-(image, label); :func:`as_image_dataset` makes one of your tensors or any Dataset."""
+(image, label); :func:`as_image_dataset` makes one of your tensors or any Dataset. Seeded,
+class-stratified splits and per-epoch orderings."""
 
 from __future__ import annotations
 
@@ -13,18 +14,17 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from capsnet.data.splits import held_out
-
 PIXEL_MAX = 255  # uint8 images: 0 (black) .. PIXEL_MAX (white); model inputs are pixel / PIXEL_MAX
 GREY_NDIM = 3  # (N, H, W)
 CHANNELS_NDIM = 4  # (N, C, H, W)
 CHANNEL_COUNTS = (1, 3)  # grey, RGB
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)  # RGB -> grey, ITU-R 601 (Pillow's "L" conversion)
+OWN_DATA = "own"  # the name of a dataset made of your own tensors (not a digit dataset)
 
 
 def to_model_input(images: torch.Tensor) -> torch.Tensor:
     """uint8 images (B, H, W) or (B, C, H, W) -> float32 (B, C, H, W) in [0, 1]."""
-    if images.dim() == 3:
+    if images.dim() == GREY_NDIM:
         images = images.unsqueeze(1)
     return images.to(torch.float32) / PIXEL_MAX
 
@@ -64,7 +64,6 @@ class ImageDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         """(image (C, H, W) float32 in [0, 1], label) of example ``index``."""
-
         return to_model_input(self.images[index][None])[0], int(self.labels[index])
 
     @property
@@ -82,27 +81,31 @@ class ImageDataset(Dataset):
         height, width = self.images.shape[-2:]
         return int(height), int(width)
 
+    def replaced(self, images: torch.Tensor, labels: torch.Tensor | None = None) -> ImageDataset:
+        """A new ImageDataset of ``images`` (and ``labels``) with this one's classes and info."""
+        return dataclasses.replace(self, images=images.contiguous(),
+                                   labels=self.labels if labels is None else labels,
+                                   info=dict(self.info))
+
     def to(self, device: str | torch.device) -> ImageDataset:
         """A new ImageDataset with both tensors on ``device``."""
-        return ImageDataset(self.images.to(device), self.labels.to(device), self.classes, self.name,
-                            dict(self.info))
+        return self.replaced(self.images.to(device), self.labels.to(device))
 
     def subset(self, indices: torch.Tensor | Sequence[int]) -> ImageDataset:
         """A new ImageDataset of the examples at ``indices`` (K,) -> images (K, ...)."""
         index = torch.as_tensor(indices, dtype=torch.long, device=self.labels.device)
-        return ImageDataset(self.images[index], self.labels[index], self.classes, self.name,
-                            dict(self.info))
+        return self.replaced(self.images[index], self.labels[index])
 
     def resized(self, size: int) -> ImageDataset:
         """Every image resized to ``size`` x ``size`` (antialiased bilinear, uint8 again)."""
         if self.image_size == (size, size):
             return self
-        x = self.images.unsqueeze(1) if self.images.dim() == GREY_NDIM else self.images
-        x = torch.nn.functional.interpolate(x.float(), size=(size, size), mode="bilinear",
+        grey = self.images.dim() == GREY_NDIM
+        x = (self.images.unsqueeze(1) if grey else self.images).float()  # (N, C, H, W)
+        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear",
                                             antialias=True, align_corners=False)
         x = x.round().clamp(0, PIXEL_MAX).to(torch.uint8)  # (N, C, size, size)
-        images = x.squeeze(1) if self.images.dim() == GREY_NDIM else x
-        return ImageDataset(images, self.labels, self.classes, self.name, dict(self.info))
+        return self.replaced(x.squeeze(1) if grey else x)
 
     def with_channels(self, channels: int) -> ImageDataset:
         """Grey as RGB (the level in every channel) or RGB as grey (ITU-R 601 luma)."""
@@ -112,11 +115,9 @@ class ImageDataset(Dataset):
             return self
         if channels == 3:
             grey = self.images if self.images.dim() == GREY_NDIM else self.images[:, 0]
-            images = grey.unsqueeze(1).expand(-1, 3, -1, -1).contiguous()  # (N, 3, H, W)
-        else:
-            weights = torch.tensor(LUMA_WEIGHTS, device=self.images.device).view(1, 3, 1, 1)
-            images = (self.images.float() * weights).sum(1).round().to(torch.uint8)  # (N, H, W)
-        return ImageDataset(images, self.labels, self.classes, self.name, dict(self.info))
+            return self.replaced(grey.unsqueeze(1).expand(-1, 3, -1, -1))  # (N, 3, H, W)
+        weights = torch.tensor(LUMA_WEIGHTS, device=self.images.device).view(1, 3, 1, 1)
+        return self.replaced((self.images.float() * weights).sum(1).round().to(torch.uint8))
 
 
 def display_images(images: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -130,10 +131,6 @@ def display_images(images: torch.Tensor | np.ndarray) -> np.ndarray:
     if array.shape[1] == 1:
         return array[:, 0]  # (N, H, W)
     return np.ascontiguousarray(np.moveaxis(array, 1, -1))  # (N, H, W, 3)
-
-
-OWN_DATA = "own"  # the name of a dataset made of your own tensors (not a digit dataset)
-UINT8_LEVELS = 256
 
 
 def as_image_dataset(data: Any, name: str = OWN_DATA,
@@ -174,7 +171,7 @@ def uint8_images(images: torch.Tensor) -> torch.Tensor:
     if images.dtype == torch.uint8:
         return images
     if not images.is_floating_point():
-        if images.min() < 0 or images.max() >= UINT8_LEVELS:
+        if images.min() < 0 or images.max() > PIXEL_MAX:
             raise ValueError(f"integer images must be levels 0..{PIXEL_MAX}")
         return images.to(torch.uint8)
     low, high = float(images.min()), float(images.max())
@@ -194,6 +191,39 @@ def _channels_first(image: Any) -> torch.Tensor:
     return tensor.movedim(-1, 0) if tensor.dim() == GREY_NDIM else tensor  # (C, H, W)
 
 
+def stratified_split(labels: torch.Tensor, val_size: int,
+                     seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted, disjoint indices (train, val) covering (N,) labels, ``val_size`` of them
+    spread over the classes by frequency; deterministic for a seed."""
+    labels = labels.cpu()
+    n = labels.numel()
+    if not 0 <= val_size < n:
+        raise ValueError(f"validation size {val_size} must be in [0, {n})")
+    g = torch.Generator().manual_seed(seed)
+    classes, counts = labels.unique(return_counts=True)
+    # Largest-remainder apportionment of val_size over the classes.
+    quotas = counts.double() * val_size / n
+    take = quotas.floor().long()
+    remainder = val_size - int(take.sum())
+    take[torch.argsort(quotas - take, descending=True)[:remainder]] += 1
+    val_parts = []
+    for cls, k in zip(classes.tolist(), take.tolist(), strict=True):
+        members = (labels == cls).nonzero().squeeze(1)
+        val_parts.append(members[torch.randperm(members.numel(), generator=g)[:k]])
+    val = torch.cat(val_parts).sort().values
+    is_val = torch.zeros(n, dtype=torch.bool)
+    is_val[val] = True
+    return (~is_val).nonzero().squeeze(1), val
+
+
+def held_out(labels: torch.Tensor, fraction: float,
+             seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, held out) indices: a stratified ``fraction`` of labels (N,), at least one of
+    each side."""
+    n = labels.numel()
+    return stratified_split(labels, min(max(1, round(fraction * n)), n - 1), seed)
+
+
 def held_out_split(dataset: ImageDataset, fraction: float, seed: int = 0
                    ) -> tuple[ImageDataset, ImageDataset]:
     """(the rest, a stratified ``fraction``), the same for every run with ``seed``."""
@@ -201,3 +231,15 @@ def held_out_split(dataset: ImageDataset, fraction: float, seed: int = 0
     split = dataclasses.replace(dataset, info={**dataset.info, "test_split": {
         "seed": seed, "fraction": fraction, "indices": taken.tolist()}})
     return split.subset(kept), split.subset(taken)
+
+
+def epoch_order(n: int, seed: int, epoch: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The shuffled order of ``n`` examples for one epoch, a function of (seed, epoch) only,
+    so that a resumed run sees exactly the batches it would have seen."""
+    g = torch.Generator().manual_seed(epoch_seed(seed, epoch))
+    return torch.randperm(n, generator=g).to(device)
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """One 63-bit seed from a run seed and an epoch number."""
+    return (seed * 1_000_003 + epoch * 7_919 + 12_345) % (2**63 - 1)

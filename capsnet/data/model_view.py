@@ -1,18 +1,62 @@
-"""A dataset as a trained model sees it: the test split at the model's channels and size
-(digits centred on a larger canvas, others resized), centre-cropped for a model trained on
-crops. evaluate, reconstruct, manipulate, routing and robustness read it from here."""
+"""What the data decides about a model (input normalisation, CapsNet's Conv1 stride, whether
+own images are made as MNIST's digits were) and a dataset as a trained model sees it: the
+test split at the model's channels and size, centre-cropped for a model trained on crops."""
 from __future__ import annotations
 
 import os
 
-import torch
-
 from capsnet.classes import class_names
-from capsnet.data.augment import center_crop
+from capsnet.config import INPUT_NORMS, conv_output_size
 from capsnet.data.datasets import FOLDER, load_dataset, load_split
-from capsnet.data.image_dataset import ImageDataset
-from capsnet.data.policy import is_digit_model
-from capsnet.data.transforms import place_on_canvas
+from capsnet.data.image_dataset import GREY_NDIM, ImageDataset
+from capsnet.data.transforms import center_crop, place_on_canvas
+
+# Datasets of handwritten digits, whose own images are made like MNIST's (not Fashion-MNIST).
+DIGIT_DATASETS = ("mnist",)
+# Conv1's stride for other data grows until the primary grid has at most this many times
+# the paper's 6 x 6 cells (32x32 keeps stride 1, 48x48 takes 2, 64x64 takes 3).
+MAX_PRIMARY_CELLS_FACTOR = 2
+PAPER_IMAGE_SIZE = 28  # MNIST's side, where the paper's CapsNet has its 6 x 6 primary grid
+
+
+def input_norm_for(dataset: str, requested: str = "auto") -> str:
+    """The paper's raw pixels for digit datasets, per-image standardisation otherwise;
+    ``requested`` other than 'auto' wins."""
+    if requested != "auto":
+        if requested not in INPUT_NORMS:
+            raise ValueError(f"unknown input normalisation {requested!r}; choose from auto, "
+                             f"{', '.join(INPUT_NORMS)}")
+        return requested
+    return "none" if dataset in DIGIT_DATASETS else "image"
+
+
+def conv1_stride_for(config, dataset: str, requested: str | int = "auto") -> int:
+    """Conv1's stride: the paper's for digit datasets, else the smallest whose primary grid
+    has at most MAX_PRIMARY_CELLS_FACTOR times the paper's cells; ``requested`` wins."""
+    if requested != "auto":
+        stride = int(requested)
+        if stride < 1:
+            raise ValueError(f"conv1 stride must be at least 1, not {requested!r}")
+        return stride
+    if dataset in DIGIT_DATASETS:
+        return config.conv1_stride
+
+    def primary_grid(conv1_stride: int, image_size: int) -> int:
+        """Side of the primary grid at ``conv1_stride`` on ``image_size`` images; < 1: none."""
+        conv1 = conv_output_size(image_size, config.conv1_kernel, conv1_stride)
+        return conv_output_size(conv1, config.primary_kernel, config.primary_stride)
+
+    most = MAX_PRIMARY_CELLS_FACTOR * primary_grid(1, PAPER_IMAGE_SIZE) ** 2
+    stride = config.conv1_stride
+    while (primary_grid(stride, config.image_size) ** 2 > most
+           and primary_grid(stride + 1, config.image_size) >= 1):
+        stride += 1
+    return stride
+
+
+def is_digit_model(config) -> bool:
+    """True for a grey model trained on handwritten digits (own images made MNIST-like)."""
+    return config.dataset in DIGIT_DATASETS and config.in_channels == 1
 
 
 def fit_to_model(data: ImageDataset, config) -> ImageDataset:
@@ -21,25 +65,20 @@ def fit_to_model(data: ImageDataset, config) -> ImageDataset:
     side = config.uncropped_size or config.image_size
     height, _ = data.image_size
     if is_digit_model(config) and height < side:
-        grey = data.images if data.images.dim() == 3 else data.images[:, 0]  # (N, H, W)
-        data = _with_images(data, place_on_canvas(grey, side))  # (N, side, side)
+        grey = data.images if data.images.dim() == GREY_NDIM else data.images[:, 0]  # (N, H, W)
+        data = data.replaced(place_on_canvas(grey, side))  # (N, side, side)
     else:
         data = data.resized(side)
     if config.image_size < side:
-        data = _with_images(data, center_crop(data.images, config.image_size))
+        data = data.replaced(center_crop(data.images, config.image_size))
     return data
-
-
-def _with_images(data: ImageDataset, images: torch.Tensor) -> ImageDataset:
-    return ImageDataset(images.contiguous(), data.labels, data.classes, data.name,
-                        dict(data.info))
 
 
 def load_test_set(config, dataset: str | None = None,
                   data_dir: str | os.PathLike | None = None, download: bool = True,
                   skip_bad: bool = False, progress: bool = True) -> ImageDataset:
     """The test split of ``dataset`` (default: the model's own) as the model sees it;
-    ValueError when its classes are not the model's."""
+    ValueError when its classes are not the model's (by name when recorded)."""
     name = (dataset or config.dataset).lower()
     side = config.uncropped_size or config.image_size
     if name == FOLDER:
@@ -47,12 +86,6 @@ def load_test_set(config, dataset: str | None = None,
                                skip_bad=skip_bad, progress=progress)
     else:
         test = load_split(name, "test", data_dir, download)
-    _check_classes(test, config, name)
-    return fit_to_model(test, config)
-
-
-def _check_classes(test: ImageDataset, config, name: str) -> None:
-    """ValueError unless the test set has the model's classes (by name when recorded)."""
     if test.num_classes != config.num_classes:
         raise ValueError(f"the {name} test set has {test.num_classes} classes but the model "
                          f"has {config.num_classes} (trained on {config.dataset}); pass its "
@@ -60,3 +93,4 @@ def _check_classes(test: ImageDataset, config, name: str) -> None:
     if config.class_names and tuple(test.classes) != tuple(config.class_names):
         raise ValueError(f"the {name} test set's classes ({', '.join(test.classes)}) are not "
                          f"the model's ({', '.join(class_names(config))})")
+    return fit_to_model(test, config)

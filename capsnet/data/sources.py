@@ -1,9 +1,8 @@
 """Where dataset files come from: known datasets, local lookup, verified download.
 
 An IDX dataset (MNIST, Fashion-MNIST) is four IDX files, each raw or .gz; their checksums
-are of the decompressed content. cifar.py and svhn.py share :func:`locate_files` and
-:func:`download_file`.
-"""
+are of the decompressed content. Every dataset is found by :func:`locate_files` and
+fetched by :func:`download_file`."""
 
 from __future__ import annotations
 
@@ -14,12 +13,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
-from typing import TypeVar
+from typing import Any
 
 from capsnet.atomic import atomic_path
 from capsnet.data.idx import GZIP_ERRORS, GZIP_MAGIC, GZIP_SUFFIX, IDXError, open_maybe_gzip
 
 FILE_KEYS = ("train_images", "train_labels", "test_images", "test_labels")
+# The four IDX files' names (without .gz), in FILE_KEYS order, alike for every IDX dataset.
+IDX_FILE_NAMES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                  "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+DIGITS = tuple(str(digit) for digit in range(10))  # the classes of digit datasets
 DATA_DIR_ENV = "CAPSNET_DATA_DIR"
 CACHE_DIR_ENV = "CAPSNET_CACHE_DIR"
 XDG_CACHE_ENV = "XDG_CACHE_HOME"
@@ -27,10 +30,6 @@ CACHE_SUBDIR = "capsnet"
 CHUNK_BYTES = 1 << 20
 DOWNLOAD_TIMEOUT_S = 30
 MAX_DOWNLOAD_BYTES = 1 << 30  # the largest file, SVHN's train_32x32.mat, is about 182 MB
-
-# progress(file_name, bytes_received, bytes_total or None)
-ProgressFn = Callable[[str, int, int | None], None]
-Found = TypeVar("Found")
 
 
 @dataclass(frozen=True)
@@ -58,30 +57,27 @@ class DatasetSpec:
         return [self.files[key][0] for key in FILE_KEYS]
 
 
+def idx_files(*md5s: str) -> dict[str, tuple[str, str]]:
+    """FILE_KEYS -> (IDX file name, MD5 of its decompressed content), MD5s in that order."""
+    return dict(zip(FILE_KEYS, zip(IDX_FILE_NAMES, md5s, strict=True), strict=True))
+
+
 DATASETS: dict[str, DatasetSpec] = {
     "mnist": DatasetSpec(
         name="mnist",
-        files={
-            "train_images": ("train-images-idx3-ubyte", "6bbc9ace898e44ae57da46a324031adb"),
-            "train_labels": ("train-labels-idx1-ubyte", "a25bea736e30d166cdddb491f175f624"),
-            "test_images": ("t10k-images-idx3-ubyte", "2646ac647ad5339dbf082846283269ea"),
-            "test_labels": ("t10k-labels-idx1-ubyte", "27ae3e4e09519cfbb04c329615203637"),
-        },
+        files=idx_files("6bbc9ace898e44ae57da46a324031adb", "a25bea736e30d166cdddb491f175f624",
+                        "2646ac647ad5339dbf082846283269ea", "27ae3e4e09519cfbb04c329615203637"),
         mirrors=(
             "https://ossci-datasets.s3.amazonaws.com/mnist",
             "https://storage.googleapis.com/cvdf-datasets/mnist",
         ),
         system_dirs=(),
-        classes=tuple(str(digit) for digit in range(10)),
+        classes=DIGITS,
     ),
     "fashion-mnist": DatasetSpec(
         name="fashion-mnist",
-        files={
-            "train_images": ("train-images-idx3-ubyte", "f4a8712d7a061bf5bd6d2ca38dc4d50a"),
-            "train_labels": ("train-labels-idx1-ubyte", "9018921c3c673c538a1fc5bad174d6f9"),
-            "test_images": ("t10k-images-idx3-ubyte", "8181f5470baa50b63fa0f6fddb340f0a"),
-            "test_labels": ("t10k-labels-idx1-ubyte", "15d484375f8d13e6eb1aabb0c3f46965"),
-        },
+        files=idx_files("f4a8712d7a061bf5bd6d2ca38dc4d50a", "9018921c3c673c538a1fc5bad174d6f9",
+                        "8181f5470baa50b63fa0f6fddb340f0a", "15d484375f8d13e6eb1aabb0c3f46965"),
         mirrors=("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com",),
         system_dirs=("/usr/share/datasets/fashion-mnist",),  # Debian: dataset-fashion-mnist
         classes=("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -118,7 +114,7 @@ def default_cache_dir() -> Path:
 
 
 def file_md5(path: str | os.PathLike, decompress: bool = True) -> str:
-    """Hex MD5 of the content (decompressed if gzip, unless ``decompress=False``)."""
+    """Hex MD5 of :func:`file_digest`."""
     return file_digest(path, "md5", decompress)
 
 
@@ -126,11 +122,7 @@ def file_digest(path: str | os.PathLike, algorithm: str, decompress: bool = True
     """Hex ``hashlib`` digest of the content, read in chunks (decompressed if gzip, unless
     ``decompress=False``); IDXError when the file is missing or its gzip stream corrupt."""
     digest = hashlib.new(algorithm)
-    try:
-        opened = open_maybe_gzip(path) if decompress else open(path, "rb")
-    except OSError as err:  # open_maybe_gzip raises IDXError itself
-        raise IDXError(path, f"cannot open file: {err.strerror or err}") from err
-    with opened as f:
+    with open_maybe_gzip(path, decompress) as f:
         try:
             for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
                 digest.update(chunk)
@@ -152,7 +144,9 @@ def verify_file(path: str | os.PathLike, expected_md5: str | None,
 
 
 def find_files(directory: Path, spec: DatasetSpec) -> dict[str, Path] | None:
-    """The four files in ``directory`` (raw preferred over .gz), or None unless all are there."""
+    """The four files in ``directory`` (raw preferred over .gz), or None unless all are there
+    and the test labels are not another known dataset's (MNIST and Fashion-MNIST share file
+    names; files of unknown content are accepted)."""
     found = {}
     for key, (file_name, _) in spec.files.items():
         raw, packed = directory / file_name, directory / (file_name + GZIP_SUFFIX)
@@ -160,33 +154,12 @@ def find_files(directory: Path, spec: DatasetSpec) -> dict[str, Path] | None:
         if path is None:
             return None
         found[key] = path
-    if holds_another_dataset(found, spec):
-        return None
-    return found
-
-
-def holds_another_dataset(found: dict[str, Path], spec: DatasetSpec) -> bool:
-    """True when the test labels are another known dataset's (MNIST and Fashion-MNIST share
-    file names); files of unknown content are accepted."""
     try:
         md5 = file_md5(found["test_labels"])
     except IDXError:
-        return False  # a damaged file: reading it reports the error with its name
-    return any(other.files["test_labels"][1] == md5 for other in DATASETS.values()
-               if other.name != spec.name)
-
-
-def dataset_dirs(name: str, data_dir: str | os.PathLike | None = None,
-                 system_dirs: Sequence[str] = ()) -> list[Path]:
-    """data_dir and $CAPSNET_DATA_DIR (each also with ``/<name>``), the cache, system dirs."""
-    dirs = []
-    for base in (data_dir, os.environ.get(DATA_DIR_ENV) or None):
-        if base is not None:
-            base = Path(base).expanduser()
-            dirs += [base, base / name]
-    dirs.append(default_cache_dir() / name)
-    dirs += [Path(d) for d in system_dirs]
-    return dirs
+        return found  # a damaged file: reading it reports the error with its name
+    others = [other for other in DATASETS.values() if other.name != spec.name]
+    return None if any(other.files["test_labels"][1] == md5 for other in others) else found
 
 
 def not_found_message(name: str, needed: str, searched: list[Path], download_note: str) -> str:
@@ -197,13 +170,17 @@ def not_found_message(name: str, needed: str, searched: list[Path], download_not
             f"{DATA_DIR_ENV}, or in the cache dir {default_cache_dir() / name}; {download_note}")
 
 
-def locate_files(name: str, find: Callable[[Path], Found | None],
-                 fetch: Callable[[Path], Found], needed: str,
-                 data_dir: str | os.PathLike | None = None, download: bool = True,
-                 system_dirs: Sequence[str] = ()) -> Found:
-    """The first non-None ``find(directory)`` over ``dataset_dirs``, else (with ``download``)
-    ``fetch(cache dir / name)``; DataNotFoundError naming ``needed`` when both fail."""
-    searched = dataset_dirs(name, data_dir, system_dirs)
+def locate_files(name: str, find: Callable[[Path], Any], fetch: Callable[[Path], Any],
+                 needed: str, data_dir: str | os.PathLike | None = None, download: bool = True,
+                 system_dirs: Sequence[str] = ()) -> Any:
+    """The first non-None ``find(directory)`` over data_dir and $CAPSNET_DATA_DIR (each also
+    with ``/<name>``), the cache and ``system_dirs``, else (with ``download``) ``fetch(cache
+    dir / name)``; DataNotFoundError naming ``needed`` when both fail."""
+    searched = []
+    for base in (data_dir, os.environ.get(DATA_DIR_ENV) or None):
+        if base is not None:
+            searched += [Path(base).expanduser(), Path(base).expanduser() / name]
+    searched += [default_cache_dir() / name, *map(Path, system_dirs)]
     for directory in searched:
         found = find(directory)
         if found is not None:
@@ -227,9 +204,10 @@ def locate_dataset(name: str | DatasetSpec, data_dir: str | os.PathLike | None =
                         data_dir=data_dir, download=download, system_dirs=spec.system_dirs)
 
 
-def _fetch(url: str, dest: Path, timeout: float, progress: ProgressFn | None) -> None:
+def _fetch(url: str, dest: Path) -> None:
     """Stream ``url`` into the file ``dest``, at most MAX_DOWNLOAD_BYTES."""
-    with urllib.request.urlopen(url, timeout=timeout) as response, open(dest, "wb") as out:
+    with (urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response,
+          open(dest, "wb") as out):
         total = response.headers.get("Content-Length")
         total = int(total) if total and total.isdigit() else None
         received = 0
@@ -238,25 +216,12 @@ def _fetch(url: str, dest: Path, timeout: float, progress: ProgressFn | None) ->
             if received > MAX_DOWNLOAD_BYTES:
                 raise ValueError(f"more than {MAX_DOWNLOAD_BYTES} bytes")
             out.write(chunk)
-            if progress is not None:
-                progress(dest.name, received, total)
         if total is not None and received != total:
             raise ValueError(f"incomplete download: {received} of {total} bytes")
 
 
-def _check_download(path: Path, expected_md5: str | None) -> None:
-    """Raise ValueError unless ``path`` is a complete gzip stream with the expected content."""
-    with open(path, "rb") as f:
-        if f.read(len(GZIP_MAGIC)) != GZIP_MAGIC:
-            raise ValueError("not a gzip file")
-    file_md5(path)  # decompresses it all: a truncated or corrupt stream raises IDXError
-    verify_file(path, expected_md5)
-
-
 def download_file(remote: RemoteFile, dest_dir: str | os.PathLike,
-                  check: Callable[[Path], None] | None = None,
-                  timeout: float = DOWNLOAD_TIMEOUT_S,
-                  progress: ProgressFn | None = None) -> Path:
+                  check: Callable[[Path], None] | None = None) -> Path:
     """``<dest_dir>/<remote.name>``, kept when it passes the MD5 and ``check``, else fetched from
     the first URL whose content passes them; DataNotFoundError listing each URL's error."""
     target = Path(dest_dir) / remote.name
@@ -276,7 +241,7 @@ def download_file(remote: RemoteFile, dest_dir: str | os.PathLike,
     for url in remote.urls:  # each into a temporary file, renamed into place once verified
         try:
             with atomic_path(target) as tmp:
-                _fetch(url, tmp, timeout, progress)
+                _fetch(url, tmp)
                 verified(tmp)
             return target
         except (OSError, HTTPException, ValueError) as err:  # URLError, timeouts, checks
@@ -285,9 +250,17 @@ def download_file(remote: RemoteFile, dest_dir: str | os.PathLike,
     raise DataNotFoundError(f"could not download {target.name}: {tried}")
 
 
-def download_dataset(name_or_spec: str | DatasetSpec, dest_dir: str | os.PathLike,
-                     timeout: float = DOWNLOAD_TIMEOUT_S,
-                     progress: ProgressFn | None = None) -> dict[str, Path]:
+def _check_gzip(path: Path, expected_md5: str | None) -> None:
+    """Raise ValueError unless ``path`` is a complete gzip stream with the expected content."""
+    with open(path, "rb") as f:
+        if f.read(len(GZIP_MAGIC)) != GZIP_MAGIC:
+            raise ValueError("not a gzip file")
+    file_md5(path)  # decompresses it all: a truncated or corrupt stream raises IDXError
+    verify_file(path, expected_md5)
+
+
+def download_dataset(name_or_spec: str | DatasetSpec, dest_dir: str | os.PathLike
+                     ) -> dict[str, Path]:
     """The four files as ``<dest_dir>/<file>.gz``, each from the first mirror that verifies."""
     spec = get_spec(name_or_spec)
     Path(dest_dir).mkdir(parents=True, exist_ok=True)
@@ -295,6 +268,5 @@ def download_dataset(name_or_spec: str | DatasetSpec, dest_dir: str | os.PathLik
     for key, (file_name, md5) in spec.files.items():
         urls = tuple(f"{base.rstrip('/')}/{file_name}{GZIP_SUFFIX}" for base in spec.mirrors)
         paths[key] = download_file(RemoteFile(file_name + GZIP_SUFFIX, urls, None), dest_dir,
-                                   lambda path, md5=md5: _check_download(path, md5),
-                                   timeout, progress)
+                                   lambda path, md5=md5: _check_gzip(path, md5))
     return paths

@@ -1,5 +1,5 @@
-"""Batched geometric transforms of digit images on any device: rotation, affNIST-like random
-affine maps, placement on a larger black canvas.
+"""Batched geometric transforms of images on any device: rotation, affNIST-like random
+affine maps, placement on a larger black canvas, the paper's random shifts, crops.
 
 Every warp is one ``affine_grid`` + ``grid_sample`` (bilinear, zeros outside); matrices are
 in pixel coordinates (x right, y down) about the image centre; a positive angle turns
@@ -45,9 +45,6 @@ class AffineParams:
     scale_y: torch.Tensor
     position: torch.Tensor
 
-    def __len__(self) -> int:
-        return self.rotation_deg.numel()
-
 
 def sample_affine(n: int, ranges: AffineRanges = AffineRanges(), seed: int = 0) -> AffineParams:
     """``n`` parameter sets from a CPU generator seeded with ``seed``; image i's draws are
@@ -70,20 +67,17 @@ def rotation_matrix(angle_deg: torch.Tensor) -> torch.Tensor:
 
 def linear_matrix(params: AffineParams) -> torch.Tensor:
     """Forward maps (N, 2, 2): scale, then shear, then rotate."""
-    n = len(params)
-    zeros, ones = torch.zeros(n), torch.ones(n)
     scale = torch.diag_embed(torch.stack([params.scale_x, params.scale_y], -1))  # (N, 2, 2)
-    shear = torch.stack([torch.stack([ones, params.shear], -1),
-                         torch.stack([zeros, ones], -1)], -2)  # (N, 2, 2)
+    shear = torch.eye(2).repeat(params.shear.numel(), 1, 1)  # (N, 2, 2)
+    shear[:, 0, 1] = params.shear  # x' = x + shear * y
     return rotation_matrix(params.rotation_deg) @ shear @ scale  # (N, 2, 2)
 
 
 def warp(images: torch.Tensor, matrix: torch.Tensor, translation: torch.Tensor | None = None,
          out_size: int | None = None) -> torch.Tensor:
-    """Apply p' = matrix (p - centre_in) + centre_out + translation.
-
-    images: (N, H, W) or (N, C, H, W), square; matrix: (N, 2, 2) or (2, 2); translation:
-    (N, 2) pixels or None. Output: ``out_size`` square (default: the input's), same dtype."""
+    """Square images (N, [C,] H, W) mapped by p' = matrix (p - centre_in) + centre_out +
+    translation; matrix (N, 2, 2) or (2, 2), translation (N, 2) pixels -> (N, [C,] S, S),
+    S = ``out_size`` (default H), same dtype."""
     squeeze = images.dim() == 3
     x = images.unsqueeze(1) if squeeze else images  # (N, C, H, W)
     N, C, H, W = x.shape
@@ -103,9 +97,8 @@ def warp(images: torch.Tensor, matrix: torch.Tensor, translation: torch.Tensor |
     out = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="zeros",
                         align_corners=False)  # (N, C, S, S)
     if images.dtype == torch.uint8:
-        out = out.round_().clamp_(0, PIXEL_MAX).to(torch.uint8)
-    else:
-        out = out.to(images.dtype)
+        out = out.round_().clamp_(0, PIXEL_MAX)
+    out = out.to(images.dtype)
     return out.squeeze(1) if squeeze else out
 
 
@@ -117,25 +110,18 @@ def rotate(images: torch.Tensor, angle_deg: float | torch.Tensor,
 
 
 def bounding_boxes(images: torch.Tensor) -> torch.Tensor:
-    """Ink extent (N, 4) as (x_min, x_max, y_min, y_max) in centred pixel coordinates;
-    an empty image gets a zero-size box at its centre."""
-    N, H, W = images.shape
+    """Ink extent (N, 4) of images (N, H, W) as (x_min, x_max, y_min, y_max) in centred pixel
+    coordinates; an empty image gets a zero-size box at its centre."""
     ink = images > 0  # (N, H, W)
-    cols, rows = ink.any(dim=1), ink.any(dim=2)  # (N, W), (N, H)
-
-    def extent(mask: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.arange(size, device=images.device, dtype=torch.float32)  # (size,)
-        first = torch.where(mask, index, float(size)).amin(dim=1)  # (N,)
-        last = torch.where(mask, index, -1.0).amax(dim=1)  # (N,)
-        centre = (size - 1) / 2
-        empty = ~mask.any(dim=1)  # (N,)
-        low = torch.where(empty, 0.0, first - centre - HALF_PIXEL)
-        high = torch.where(empty, 0.0, last - centre + HALF_PIXEL)
-        return low, high  # (N,), (N,)
-
-    x_min, x_max = extent(cols, W)
-    y_min, y_max = extent(rows, H)
-    return torch.stack([x_min, x_max, y_min, y_max], dim=-1)  # (N, 4)
+    extents = []
+    for mask in (ink.any(dim=1), ink.any(dim=2)):  # columns (N, W), then rows (N, H)
+        size = mask.shape[1]
+        first = mask.int().argmax(dim=1)  # (N,): argmax finds the first inked place
+        last = size - 1 - mask.flip(1).int().argmax(dim=1)  # (N,)
+        centre, found = (size - 1) / 2, mask.any(dim=1)  # (N,)
+        extents += [torch.where(found, first - centre - HALF_PIXEL, 0.0),
+                    torch.where(found, last - centre + HALF_PIXEL, 0.0)]
+    return torch.stack(extents, dim=-1)  # (N, 4)
 
 
 def inside_translation(boxes: torch.Tensor, matrix: torch.Tensor, position: torch.Tensor,
@@ -155,11 +141,11 @@ def inside_translation(boxes: torch.Tensor, matrix: torch.Tensor, position: torc
     return torch.where(fits, low + pos * (high - low), middle)  # (N, 2)
 
 
-def random_affine(images: torch.Tensor, params: AffineParams,
-                  out_size: int | None = None) -> torch.Tensor:
-    """Each image (N, [C,] H, W) by its own affine map from ``params`` on an ``out_size`` canvas."""
-    if len(params) != images.shape[0]:
-        raise ValueError(f"{len(params)} parameter sets for {images.shape[0]} images")
+def affine_set(images: torch.Tensor, ranges: AffineRanges = AffineRanges(), seed: int = 0,
+               out_size: int | None = None) -> torch.Tensor:
+    """The seeded affine test set of ``images`` (N, [C,] H, W), alike on every run, device and
+    model: each image by its own map from :func:`sample_affine` on an ``out_size`` canvas."""
+    params = sample_affine(images.shape[0], ranges, seed)
     size_out = out_size or images.shape[-1]
     matrix = linear_matrix(params).to(images.device)  # (N, 2, 2)
     ink = images if images.dim() == 3 else images.amax(dim=1)  # (N, H, W): any channel lit
@@ -167,49 +153,23 @@ def random_affine(images: torch.Tensor, params: AffineParams,
     return warp(images, matrix, shift, out_size=size_out)
 
 
-def affine_set(images: torch.Tensor, ranges: AffineRanges = AffineRanges(), seed: int = 0,
-               out_size: int | None = None) -> torch.Tensor:
-    """The seeded affine test set of ``images`` (N, H, W), alike on every run, device, model."""
-    return random_affine(images, sample_affine(images.shape[0], ranges, seed), out_size)
-
-
 def place_on_canvas(images: torch.Tensor, canvas: int,
                     generator: torch.Generator | None = None) -> torch.Tensor:
     """Each image (N, H, W) at a random integer position (centred without ``generator``, on
-    any device) on a black ``canvas`` square -> (N, canvas, canvas), same dtype, one gather."""
+    any device) on a black ``canvas`` square -> (N, canvas, canvas), same dtype."""
     N, H, W = images.shape
-    top, left = canvas_offsets(N, (H, W), canvas, generator, images.device)
-    return place_at(images, canvas, top, left)
-
-
-def canvas_offsets(n: int, size: tuple[int, int], canvas: int,
-                   generator: torch.Generator | None = None,
-                   device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Top and left offsets (n,) on a ``canvas``: random from ``generator`` or centred."""
-    H, W = size
     if canvas < max(H, W):
         raise ValueError(f"canvas {canvas} is smaller than the {H}x{W} images")
     if generator is None:
-        return (torch.full((n,), (canvas - H) // 2, device=device),
-                torch.full((n,), (canvas - W) // 2, device=device))
-    u = torch.rand(n, 2, device=generator.device, generator=generator)  # (n, 2): a row per image
-    top = (u[:, 0] * (canvas - H + 1)).long().clamp_max(canvas - H)  # (n,)
-    left = (u[:, 1] * (canvas - W + 1)).long().clamp_max(canvas - W)  # (n,)
-    return top.to(device), left.to(device)
-
-
-def place_at(images: torch.Tensor, canvas: int, top: torch.Tensor,
-             left: torch.Tensor) -> torch.Tensor:
-    """Images (N, H, W) at (top, left) (N,) on a black canvas -> (N, canvas, canvas), one gather."""
-    N, H, W = images.shape
-    device = images.device
-    grid = torch.arange(canvas, device=device)  # (canvas,)
-    rows = grid - top.to(device)[:, None]  # (N, canvas): source row of each canvas row
-    cols = grid - left.to(device)[:, None]  # (N, canvas)
-    valid = ((rows >= 0) & (rows < H))[:, :, None] & ((cols >= 0) & (cols < W))[:, None, :]
-    batch = torch.arange(N, device=device)[:, None, None]
-    picked = images[batch, rows.clamp(0, H - 1)[:, :, None], cols.clamp(0, W - 1)[:, None, :]]
-    return picked * valid.to(images.dtype)  # (N, canvas, canvas)
+        top = torch.full((N,), (canvas - H) // 2)
+        left = torch.full((N,), (canvas - W) // 2)
+    else:
+        u = torch.rand(N, 2, device=generator.device, generator=generator)  # (N, 2): one row each
+        top = (u[:, 0] * (canvas - H + 1)).long().clamp_max(canvas - H)  # (N,)
+        left = (u[:, 1] * (canvas - W + 1)).long().clamp_max(canvas - W)  # (N,)
+    # the canvas is a window of the image padded by canvas - size on every side
+    padded = F.pad(images.unsqueeze(1), (canvas - W,) * 2 + (canvas - H,) * 2)  # (N, 1, ., .)
+    return crop_at(padded, canvas - H - top, canvas - W - left, canvas, canvas)[:, 0]
 
 
 def angle_range(max_angle: float, step: float) -> list[float]:
@@ -219,3 +179,48 @@ def angle_range(max_angle: float, step: float) -> list[float]:
     count = math.floor(max_angle / step + 1e-9)
     return [float(k * step) for k in range(-count, count + 1)]
 
+
+
+def crop_at(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, height: int,
+            width: int) -> torch.Tensor:
+    """The ``height`` x ``width`` window of each image (B, C, H, W) whose corner is at
+    (top, left), each (B,) -> (B, C, height, width), by one gather."""
+    B, C = images.shape[:2]
+    device = images.device
+    rows = top.to(device)[:, None] + torch.arange(height, device=device)  # (B, height)
+    cols = left.to(device)[:, None] + torch.arange(width, device=device)  # (B, width)
+    batch = torch.arange(B, device=device)[:, None, None, None]
+    channel = torch.arange(C, device=device)[None, :, None, None]
+    return images[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+def random_crop(images: torch.Tensor, size: int, generator: torch.Generator | None = None,
+                width: int | None = None) -> torch.Tensor:
+    """A ``size`` x ``width`` (default square) window of each image (B, C, H, W) at a uniform
+    place -> (B, C, size, width)."""
+    B, C, H, W = images.shape
+    width = size if width is None else width
+    if size > H or width > W:
+        raise ValueError(f"a {size}x{width} crop does not fit {H}x{W} images")
+    top = torch.randint(0, H - size + 1, (B,), device=images.device, generator=generator)
+    left = torch.randint(0, W - width + 1, (B,), device=images.device, generator=generator)
+    return crop_at(images, top, left, size, width)  # (B, C, size, width)
+
+
+def random_shift(images: torch.Tensor, max_shift: int,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """Each image (B, C, H, W) shifted by up to ``max_shift`` pixels in x and y (uniform,
+    independent), zero fill: the paper's augmentation."""
+    if max_shift <= 0:
+        return images
+    padded = F.pad(images, (max_shift,) * 4)  # (B, C, H + 2s, W + 2s)
+    return random_crop(padded, images.shape[-2], generator, images.shape[-1])  # (B, C, H, W)
+
+
+def center_crop(images: torch.Tensor, size: int) -> torch.Tensor:
+    """The central ``size`` x ``size`` window of images (..., H, W) (a view)."""
+    H, W = images.shape[-2:]
+    if size > H or size > W:
+        raise ValueError(f"a {size}x{size} crop does not fit {H}x{W} images")
+    top, left = (H - size) // 2, (W - size) // 2
+    return images[..., top:top + size, left:left + size]

@@ -9,8 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from capsnet.data.image_dataset import to_model_input
-from capsnet.data.splits import epoch_order
+from capsnet.data.image_dataset import epoch_order, to_model_input
 from capsnet.data.transforms import AffineRanges, affine_set, place_on_canvas
 from capsnet.experiments import SEED_STRIDE, TEST_SEED
 from capsnet.experiments.robustness import NamedModel

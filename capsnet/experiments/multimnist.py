@@ -12,10 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsnet.data.augment import random_shift
-from capsnet.data.image_dataset import PIXEL_MAX, to_model_input
-from capsnet.data.splits import epoch_order
-from capsnet.data.transforms import place_on_canvas
+from capsnet.data.image_dataset import PIXEL_MAX, epoch_order, to_model_input
+from capsnet.data.transforms import place_on_canvas, random_shift
 from capsnet.experiments import SEED_STRIDE, TEST_SEED
 from capsnet.inference import require_decoder
 from capsnet.losses import RECONSTRUCTION_WEIGHT, margin_loss, reconstruction_loss

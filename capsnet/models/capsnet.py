@@ -21,7 +21,7 @@ class CapsNetConfig(NormalisedDataConfig):
 
     conv1_channels: int = 256
     conv1_kernel: int = 9
-    # 1 in the paper; larger inputs of other data take a larger one (capsnet.data.policy.
+    # 1 in the paper; larger inputs of other data take a larger one (capsnet.data.model_view.
     # conv1_stride_for) so that the primary capsules stay near the paper's count
     conv1_stride: int = 1
     primary_types: int = 32  # capsule types ("channels") in PrimaryCaps

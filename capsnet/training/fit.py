@@ -10,12 +10,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from capsnet.data.augment import center_crop
 from capsnet.data.datasets import FOLDER, ImageDataset, load_dataset
 from capsnet.data.folder import DEFAULT_TEST_FRACTION, format_skipped_warning
-from capsnet.data.image_dataset import as_image_dataset, held_out_split, to_model_input
-from capsnet.data.policy import conv1_stride_for, input_norm_for
-from capsnet.data.splits import epoch_order, epoch_seed, stratified_split
+from capsnet.data.image_dataset import (
+    as_image_dataset,
+    epoch_order,
+    epoch_seed,
+    held_out_split,
+    stratified_split,
+    to_model_input,
+)
+from capsnet.data.model_view import conv1_stride_for, input_norm_for
+from capsnet.data.transforms import center_crop
 from capsnet.models.registry import PRESET_CROPS, make_config
 from capsnet.training import distributed
 from capsnet.training.distributed import World

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from capsnet.data.augment import random_crop, random_shift
 from capsnet.data.augment_efficient import efficient_augment
 from capsnet.data.image_dataset import to_model_input
+from capsnet.data.transforms import random_crop, random_shift
 from capsnet.losses import model_loss
 from capsnet.models import class_scores
 

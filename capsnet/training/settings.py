@@ -39,8 +39,8 @@ class TrainSettings:
     crop: int | None = None  # random crops in training (instead of shifts), centre crop to evaluate
     image_size: int | None = None  # resize the images to N x N (default: their own size)
     channels: int | None = None  # 1 (grey) or 3 (RGB); default: the data's own
-    input_norm: str = "auto"  # CapsNet: 'none', 'image' or 'auto' (data.policy.input_norm_for)
-    conv1_stride: str | int = "auto"  # CapsNet: 'auto' (data.policy.conv1_stride_for) or a number
+    input_norm: str = "auto"  # CapsNet: 'none', 'image' or 'auto' (data.model_view.input_norm_for)
+    conv1_stride: str | int = "auto"  # CapsNet: a number or 'auto' (model_view.conv1_stride_for)
     skip_bad_images: bool = False  # folders: skip unreadable files (with a warning), don't fail
     subset: int | None = None  # train on the first N images of the training pool
     val_size: int | None = None  # held out, stratified; 0 for none; None: validation_size()
