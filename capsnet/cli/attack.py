@@ -53,7 +53,7 @@ def comma_list(kind):
     return parse
 
 
-def add_parser(subparsers) -> None:
+def add_attack(subparsers) -> None:
     s = AttackSettings()
     p = subparsers.add_parser(
         "attack", help="robust accuracy under adversarial attacks, with detectors",
@@ -107,7 +107,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out-dir", default="runs/attack", help="where rows, tables and plots go")
     add_data_args(p, model_default=True)
     add_device_arg(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run_attack_grid)
 
 
 def _validation_images(args, config, device) -> torch.Tensor:
@@ -136,7 +136,7 @@ def _shifted_sets(args, config, x: torch.Tensor, device) -> dict[str, torch.Tens
     return sets
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> int:
+def run_attack_grid(args: argparse.Namespace, argv: list[str]) -> int:
     log = (lambda text: print(text, file=sys.stderr)) if args.json else print
     device = pick_device(args.device)
     sources = args.checkpoints or [None]
