@@ -65,9 +65,8 @@ def add_data_args(parser: argparse.ArgumentParser, model_default: bool = False) 
 
 
 def load_cli_test_set(args: argparse.Namespace, config) -> ImageDataset:
-    """The test set of --dataset (default: the model's own) as the model with ``config``
-    sees it (its channels, size and crop), on the CPU; skipped files are reported on
-    stderr."""
+    """The test set of --dataset (default: the model's own) as the model with ``config`` sees
+    it (its channels, size and crop), on the CPU; skipped files are reported on stderr."""
     test = load_test_set(config, args.dataset, args.data_dir, args.download,
                          skip_bad=getattr(args, "skip_bad_images", False))
     warning = format_skipped_warning(test.info)
@@ -117,10 +116,8 @@ def load_cli_model(args: argparse.Namespace, source: str | None = None) -> nn.Mo
 
 
 def add_recipe_args(p: argparse.ArgumentParser, models: tuple[str, ...] | None = None) -> None:
-    """Model, data and optimisation options of every training command. Model options
-    (--routing, --routing-iterations, --input-norm) default to None or 'auto': only those
-    given are checked against the model (capsnet.models.registry.make_config).
-    ``models``: the --model choices (default: every registered model)."""
+    """Model, data and optimisation options of every training command (``models``: the
+    --model choices, default every registered one); only the model options given are checked."""
     models = models or tuple(MODELS)
     p.add_argument("--model", default=models[0], choices=list(models),
                    help="; ".join(f"{name}: {MODELS[name].summary}" for name in models))
@@ -267,8 +264,7 @@ def add_run_args(p: argparse.ArgumentParser, out_dir: str) -> None:
 
 
 def check_model_flags(args: argparse.Namespace) -> None:
-    """ConfigError naming the flag (not the config option) for a model option flag given to a
-    --model without that option."""
+    """ConfigError naming the flag, not the config key, of a model option --model lacks."""
     for option, flag in MODEL_OPTION_FLAGS.items():
         value = getattr(args, flag[2:].replace("-", "_"))
         if value not in (None, "auto") and not has_option(args.model, option):

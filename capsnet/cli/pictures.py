@@ -176,7 +176,10 @@ def run_routing(args: argparse.Namespace, argv: list[str]) -> int:
     if args.index:
         images, titles, labels = test_images(args, model.config)
     else:
-        images, titles, labels = own_images(args.images, model.config)
+        sources = expand_inputs(args.images)
+        images = np.stack([read_named(name, model.config) for name in sources])  # (K, C, H, W)
+        titles = [f"{Path(shown_name(name)).name}: " for name in sources]
+        labels = [None] * len(images)
     trace = routing_trace(model, torch.from_numpy(images))
     scores = trace.scores.cpu().numpy()  # (K, J)
     predicted = scores.argmax(axis=1)  # (K,)
@@ -226,13 +229,6 @@ def test_images(args: argparse.Namespace, config) -> tuple[np.ndarray, list[str]
     titles = [f"test #{i}: label {label_of(config, label)} \u2192 "
               for i, label in zip(args.index, labels, strict=True)]
     return images, titles, labels
-
-
-def own_images(names: list[str], config) -> tuple[np.ndarray, list[str], list[None]]:
-    """Your images prepared for the model (K, C, H, W) uint8 and title stems."""
-    sources = expand_inputs(names)
-    images = np.stack([read_named(name, config) for name in sources])  # (K, C, H, W)
-    return images, [f"{Path(shown_name(name)).name}: " for name in sources], [None] * len(images)
 
 
 def add_plot(subparsers) -> None:
