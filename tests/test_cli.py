@@ -279,3 +279,16 @@ def test_library_settings_take_the_same_learning_rate_default():
     assert TrainSettings(model="cnn", preset="small").lr == 1e-3
     stored = TrainSettings(model="cnn", lr=3e-4).to_dict()
     assert TrainSettings.from_dict(stored).lr == 3e-4  # a run's own rate survives a resume
+
+
+@pytest.mark.parametrize("text, stride", [("auto", "auto"), ("2", 2), ("0", None), ("x", None),
+                                          ("-1", None), ("1.5", None)])
+def test_conv1_stride_takes_auto_or_a_whole_number_from_one(text, stride, capsys):
+    from capsnet.cli.main import build_parser
+
+    if stride is None:
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["train", "--conv1-stride", text])
+        assert "expected 'auto' or a whole number >= 1" in capsys.readouterr().err
+    else:
+        assert build_parser().parse_args(["train", "--conv1-stride", text]).conv1_stride == stride

@@ -211,13 +211,9 @@ def conv1_stride_arg(text: str) -> str | int:
     """--conv1-stride: 'auto' or a positive whole number."""
     if text == "auto":
         return text
-    try:
-        stride = int(text)
-    except ValueError:
-        stride = 0
-    if stride < 1:
+    if not text.isdecimal() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number >= 1, not {text!r}")
-    return stride
+    return int(text)
 
 
 def add_image_args(p: argparse.ArgumentParser) -> None:

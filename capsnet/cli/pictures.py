@@ -9,22 +9,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from capsnet import inference
 from capsnet.classes import class_index, class_names, label_of
 from capsnet.cli.args import add_data_args, add_model_args, load_cli_model, load_cli_test_set
 from capsnet.cli.predict import expand_inputs, read_named, shown_name
 from capsnet.data.image_dataset import display_images
-from capsnet.inference import (
-    PERTURB_RANGE,
-    PERTURB_STEP,
-    first_of_each_class,
-    perturbation_deltas,
-    perturbation_grid,
-    pick_examples,
-    predict_until,
-    require_decoder,
-    run_model,
-    to_uint8,
-)
 from capsnet.routing_trace import RoutingTrace, routing_trace
 from capsnet.training.metrics_log import read_metrics
 
@@ -57,22 +46,23 @@ def run_reconstruct(args: argparse.Namespace, argv: list[str]) -> int:
     from capsnet.figures import reconstruction_figure
 
     model = load_cli_model(args)
-    require_decoder(model)
+    inference.require_decoder(model)
     test = load_cli_test_set(args, model.config)
     images, labels = test.images[:args.limit], test.labels[:args.limit]  # (N, [C,] H, W), (N,)
-    predictions = predict_until(model, images, labels, args.count, args.misclassified)  # (n,)
+    predictions = inference.predict_until(model, images, labels, args.count,
+                                          args.misclassified)  # (n,)
     images, labels = images[:len(predictions)], labels[:len(predictions)]
-    chosen = pick_examples(labels, predictions, args.count, args.misclassified)  # (K,)
+    chosen = inference.pick_examples(labels, predictions, args.count, args.misclassified)  # (K,)
     if len(chosen) == 0:
         raise ValueError("nothing to draw: --count and --misclassified are both 0")
-    _, poses, recons = run_model(model, images[chosen])  # (K, J, D), (K, C, H, W)
+    _, poses, recons = inference.run_model(model, images[chosen])  # (K, J, D), (K, C, H, W)
     with torch.no_grad():
         from_label = model.decoder(poses, labels[chosen].to(poses.device))  # (K, C, H, W)
     names = class_names(model.config)
     named = any(name != str(j) for j, name in enumerate(names))
-    path = reconstruction_figure(display_images(images[chosen]), to_uint8(recons),
+    path = reconstruction_figure(display_images(images[chosen]), inference.to_uint8(recons),
                                  labels[chosen].tolist(), predictions[chosen].tolist(), args.out,
-                                 args.columns, label_reconstructions=to_uint8(from_label),
+                                 args.columns, label_reconstructions=inference.to_uint8(from_label),
                                  class_names=names if named else None)
     wrong = int((predictions[chosen] != labels[chosen]).sum())
     accuracy = float((predictions == labels).float().mean())
@@ -95,10 +85,11 @@ def add_manipulate(subparsers) -> None:
                         "model with fewer than eight)")
     p.add_argument("--image", nargs="+", default=None, metavar="IMAGE",
                    help="use your own images instead of test images (prepared as by predict)")
-    p.add_argument("--range", type=float, default=PERTURB_RANGE, dest="limit", metavar="RANGE",
-                   help=f"largest perturbation (default: {PERTURB_RANGE})")
-    p.add_argument("--step", type=float, default=PERTURB_STEP,
-                   help=f"perturbation step (default: {PERTURB_STEP})")
+    p.add_argument("--range", type=float, default=inference.PERTURB_RANGE, dest="limit",
+                   metavar="RANGE",
+                   help=f"largest perturbation (default: {inference.PERTURB_RANGE})")
+    p.add_argument("--step", type=float, default=inference.PERTURB_STEP,
+                   help=f"perturbation step (default: {inference.PERTURB_STEP})")
     p.add_argument("--out", default="manipulation.png", help="PNG file to write")
     p.set_defaults(func=run_manipulate)
 
@@ -109,13 +100,13 @@ def run_manipulate(args: argparse.Namespace, argv: list[str]) -> int:
     from capsnet.figures import manipulation_figure
 
     model = load_cli_model(args)
-    require_decoder(model)
+    inference.require_decoder(model)
     images = chosen_images(args, model)  # (K, [C,] H, W)
-    scores, poses, _ = run_model(model, images)  # (K, J), (K, J, D)
+    scores, poses, _ = inference.run_model(model, images)  # (K, J), (K, J, D)
     winners = scores.argmax(dim=1).tolist()
-    deltas = perturbation_deltas(args.limit, args.step)  # (S,)
-    grids = [to_uint8(perturbation_grid(model, poses[k, j], j, deltas))  # (D, S, H, W[, 3])
-             for k, j in enumerate(winners)]
+    deltas = inference.perturbation_deltas(args.limit, args.step)  # (S,)
+    grids = [inference.to_uint8(inference.perturbation_grid(model, poses[k, j], j, deltas))
+             for k, j in enumerate(winners)]  # each (D, S, H, W[, 3])
     labels = [label_of(model.config, j) for j in winners]
     titles = [j if label == str(j) else label for j, label in zip(winners, labels, strict=True)]
     path = manipulation_figure(grids, titles, deltas.tolist(), args.out)
@@ -141,7 +132,7 @@ def chosen_images(args: argparse.Namespace, model: torch.nn.Module) -> torch.Ten
         raise ValueError(f"--digits/--classes: {exc}") from None
     test = load_cli_test_set(args, config)
     images, labels = test.images[:SEARCH_LIMIT], test.labels[:SEARCH_LIMIT]  # (N, ...), (N,)
-    return images[first_of_each_class(model, images, labels, classes)]
+    return images[inference.first_of_each_class(model, images, labels, classes)]
 
 
 def add_routing(subparsers) -> None:

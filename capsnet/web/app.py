@@ -69,7 +69,6 @@ def create_app(model: nn.Module) -> Flask:
     lock = threading.Lock()  # one model call at a time across the server's threads
     has_decoder = getattr(model, "decoder", None) is not None
     routes = has_routing(model)
-    num_classes = model.config.num_classes
 
     @app.get("/")
     def index():
@@ -88,7 +87,7 @@ def create_app(model: nn.Module) -> Flask:
 
     @app.post("/api/decode")
     def api_decode():
-        return _decode_response(model, lock, has_decoder, num_classes)
+        return _decode_response(model, lock, has_decoder)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
@@ -129,8 +128,7 @@ def _predict_response(model: nn.Module, lock: threading.Lock, routes: bool):
                    routing=routing, **{"class": p.class_name})
 
 
-def _decode_response(model: nn.Module, lock: threading.Lock, has_decoder: bool,
-                     num_classes: int):
+def _decode_response(model: nn.Module, lock: threading.Lock, has_decoder: bool):
     """POST /api/decode: JSON {"index": k, "pose": [D floats]} -> the decoded image."""
     if not has_decoder:
         return error("this model has no reconstruction decoder")
@@ -138,7 +136,7 @@ def _decode_response(model: nn.Module, lock: threading.Lock, has_decoder: bool,
     if not isinstance(body, dict):
         return error("expected a JSON object {\"index\": k, \"pose\": [numbers]}")
     digit, pose = body.get("index", body.get("digit")), body.get("pose")
-    dim = model.config.digit_dim
+    dim, num_classes = model.config.digit_dim, model.config.num_classes
     if not isinstance(digit, int) or isinstance(digit, bool) or not 0 <= digit < num_classes:
         return error(f"index (or digit) must be an integer in 0..{num_classes - 1}")
     if (not isinstance(pose, list) or len(pose) != dim
