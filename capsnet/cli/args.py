@@ -123,10 +123,9 @@ def add_recipe_args(p: argparse.ArgumentParser, models: tuple[str, ...] | None =
                    help="; ".join(f"{name}: {MODELS[name].summary}" for name in models))
     p.add_argument("--preset", default=DEFAULTS.preset, choices=preset_names(),
                    help="layer sizes: 'paper', 'half' (half the paper's channels: the affNIST "
-                        "CNN at about the paper CNN's parameter count), the narrow 'small' "
-                        "for quick CPU runs, or the "
-                        "paper's section 7 models 'cifar10' (64 primary types, a "
-                        "none-of-the-above routing category, 24x24 crops) and 'svhn'")
+                        "CNN at about the paper CNN's parameter count), the narrow 'small' for "
+                        "quick CPU runs, or the paper's section 7 models 'cifar10' (64 primary "
+                        "types, a none-of-the-above routing category, 24x24 crops) and 'svhn'")
     add_data_args(p)
     add_schedule_args(p)
     p.add_argument("--routing", default=None, choices=capsnet_routers(),

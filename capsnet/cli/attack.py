@@ -16,7 +16,7 @@ from capsnet.attacks.detection import DETECTION_FPR
 from capsnet.attacks.ood import CORRUPTIONS, ood_markdown, ood_row
 from capsnet.attacks.runner import write_json
 from capsnet.checkpoint import load_model
-from capsnet.cli.args import add_data_args, add_device_arg, load_cli_test_set
+from capsnet.cli import args as cli_args
 from capsnet.data.datasets import load_split
 from capsnet.data.image_dataset import to_model_input
 from capsnet.data.model_view import fit_to_model
@@ -94,8 +94,8 @@ def add_attack(subparsers) -> None:
                         "and class scores (first attack, largest eps)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON on stdout")
     p.add_argument("--out-dir", default="runs/attack", help="where rows, tables and plots go")
-    add_data_args(p, model_default=True)
-    add_device_arg(p)
+    cli_args.add_data_args(p, model_default=True)
+    cli_args.add_device_arg(p)
     p.set_defaults(func=run_attack_grid)
 
 
@@ -134,7 +134,7 @@ def run_attack_grid(args: argparse.Namespace, argv: list[str]) -> int:
               for path in sources]
     named = named_models([path or "weights/shipped" for path in sources], models, args.labels)
     config = models[0].config
-    test = load_cli_test_set(args, config)
+    test = cli_args.load_cli_test_set(args, config)
     pick = attacks.seeded_subset(len(test), args.n, args.seed)
     x, y = to_model_input(test.images[pick]).to(device), test.labels[pick].to(device)
     settings = attacks.AttackSettings(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from capsnet.checkpoint import weights_info
-from capsnet.cli.args import add_model_args, load_cli_model
+from capsnet.cli import args as cli_args
 from capsnet.export import FORMATS, export_checkpoint, read_description
 
 DEFAULT_PORT = 8000
@@ -17,7 +17,7 @@ def add_serve(subparsers) -> None:
         description="Serve a one-page web app: draw a digit or upload an image, see the "
         "prediction, the capsule lengths, the reconstruction, and move the winning "
         "capsule's dimensions with sliders.")
-    add_model_args(p)
+    cli_args.add_model_args(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="interface to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT,
@@ -28,7 +28,7 @@ def add_serve(subparsers) -> None:
 def run_serve(args: argparse.Namespace, argv: list[str]) -> int:
     from capsnet.web import create_app, make_server
 
-    model = load_cli_model(args)
+    model = cli_args.load_cli_model(args)
     try:
         server = make_server(create_app(model), args.host, args.port)
     except OSError as exc:

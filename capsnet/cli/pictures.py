@@ -11,7 +11,7 @@ import torch
 
 from capsnet import inference
 from capsnet.classes import class_index, class_names, label_of
-from capsnet.cli.args import add_data_args, add_model_args, load_cli_model, load_cli_test_set
+from capsnet.cli import args as cli_args
 from capsnet.cli.predict import expand_inputs, read_named, shown_name
 from capsnet.data.image_dataset import display_images
 from capsnet.routing_trace import RoutingTrace, routing_trace
@@ -27,8 +27,8 @@ def add_reconstruct(subparsers) -> None:
         description="Draw the first test images and the first mis-classified ones, each above "
         "the decoder's reconstruction from its winning capsule (and, when mis-classified, "
         "from the true label's capsule), as in the paper's Figure 3.")
-    add_model_args(p)
-    add_data_args(p, model_default=True)
+    cli_args.add_model_args(p)
+    cli_args.add_data_args(p, model_default=True)
     p.add_argument("--count", type=int, default=10, help="first test images shown (default: 10)")
     p.add_argument("--misclassified", type=int, default=5,
                    help="mis-classified test images added after them (default: 5)")
@@ -45,9 +45,9 @@ def run_reconstruct(args: argparse.Namespace, argv: list[str]) -> int:
         raise ValueError("--count and --misclassified must be >= 0 and --limit >= 1")
     from capsnet.figures import reconstruction_figure
 
-    model = load_cli_model(args)
+    model = cli_args.load_cli_model(args)
     inference.require_decoder(model)
-    test = load_cli_test_set(args, model.config)
+    test = cli_args.load_cli_test_set(args, model.config)
     images, labels = test.images[:args.limit], test.labels[:args.limit]  # (N, [C,] H, W), (N,)
     predictions = inference.predict_until(model, images, labels, args.count,
                                           args.misclassified)  # (n,)
@@ -76,8 +76,8 @@ def add_manipulate(subparsers) -> None:
         "manipulate", help="picture of capsule dimensions perturbed (Figure 4)",
         description="For chosen classes, move each dimension of the winning capsule from "
         "-range to +range in steps and decode every perturbed pose.")
-    add_model_args(p)
-    add_data_args(p, model_default=True)
+    cli_args.add_model_args(p)
+    cli_args.add_data_args(p, model_default=True)
     p.add_argument("--digits", "--classes", dest="classes", nargs="+", default=None,
                    metavar="CLASS",
                    help="classes by index or name: the first correctly classified test image "
@@ -99,7 +99,7 @@ def run_manipulate(args: argparse.Namespace, argv: list[str]) -> int:
         raise ValueError("--step must be > 0 and --range >= 0")
     from capsnet.figures import manipulation_figure
 
-    model = load_cli_model(args)
+    model = cli_args.load_cli_model(args)
     inference.require_decoder(model)
     images = chosen_images(args, model)  # (K, [C,] H, W)
     scores, poses, _ = inference.run_model(model, images)  # (K, J), (K, J, D)
@@ -130,7 +130,7 @@ def chosen_images(args: argparse.Namespace, model: torch.nn.Module) -> torch.Ten
         classes = [class_index(config, text) for text in given]
     except ValueError as exc:
         raise ValueError(f"--digits/--classes: {exc}") from None
-    test = load_cli_test_set(args, config)
+    test = cli_args.load_cli_test_set(args, config)
     images, labels = test.images[:SEARCH_LIMIT], test.labels[:SEARCH_LIMIT]  # (N, ...), (N,)
     return images[inference.first_of_each_class(model, images, labels, classes)]
 
@@ -154,8 +154,8 @@ def add_routing(subparsers) -> None:
                    help="your own images (files, folders, or - for stdin)")
     p.add_argument("--index", type=int, nargs="+", default=None, metavar="N",
                    help="use these test-set images instead (0-based indices)")
-    add_model_args(p)
-    add_data_args(p, model_default=True)
+    cli_args.add_model_args(p)
+    cli_args.add_data_args(p, model_default=True)
     p.add_argument("--out", default="routing.png", help="PNG file to write")
     p.set_defaults(func=run_routing)
 
@@ -163,7 +163,7 @@ def add_routing(subparsers) -> None:
 def run_routing(args: argparse.Namespace, argv: list[str]) -> int:
     if bool(args.images) == bool(args.index):
         raise ValueError("give either IMAGE files or --index N [N ...] (one of the two)")
-    model = load_cli_model(args)
+    model = cli_args.load_cli_model(args)
     if args.index:
         images, titles, labels = test_images(args, model.config)
     else:
@@ -210,7 +210,7 @@ def draw(trace: RoutingTrace, images: np.ndarray, scores: np.ndarray, titles: li
 
 def test_images(args: argparse.Namespace, config) -> tuple[np.ndarray, list[str], list[int]]:
     """The --index test images (K, [C,] H, W) uint8, title stems and labels."""
-    test = load_cli_test_set(args, config)
+    test = cli_args.load_cli_test_set(args, config)
     bad = [i for i in args.index if not 0 <= i < len(test)]
     if bad:
         raise ValueError(f"--index {bad[0]} is out of range: the test set has {len(test)} "

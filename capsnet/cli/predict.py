@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image
 
 from capsnet.classes import indexed_name
-from capsnet.cli.args import add_model_args, load_cli_model
+from capsnet.cli import args as cli_args
 from capsnet.data.image_dataset import PIXEL_MAX
 from capsnet.inference import Prediction, predict_prepared
 from capsnet.preprocess import PreprocessError, prepare_for_model
@@ -33,7 +33,7 @@ def add_predict(subparsers) -> None:
     p.add_argument("images", nargs="+", metavar="IMAGE",
                    help="image files (PNG, JPEG, any format Pillow reads), folders of them, "
                         "or - for one image on stdin")
-    add_model_args(p)
+    cli_args.add_model_args(p)
     p.add_argument("--top-k", type=int, default=3,
                    help="classes listed per image, the prediction included (default: 3)")
     p.add_argument("--json", action="store_true",
@@ -85,7 +85,7 @@ def shown_name(name: str) -> str:
 def run_predict(args: argparse.Namespace, argv: list[str]) -> int:
     if args.top_k < 1:
         raise ValueError("--top-k must be at least 1")
-    model = load_cli_model(args)
+    model = cli_args.load_cli_model(args)
     prepared, names, errors = [], [], []
     for name in expand_inputs(args.images):
         shown = shown_name(name)
