@@ -10,6 +10,8 @@ import torch
 
 from capsnet.checkpoint import load_checkpoint, model_from_checkpoint
 from capsnet.cli.main import main
+from capsnet.config import ConfigError
+from capsnet.models.registry import make_config
 from capsnet.training import loop
 
 VAL_SIZE = 100
@@ -182,10 +184,13 @@ def test_missing_data_is_a_one_line_error_naming_the_files(command, full_run, tm
 
 @pytest.mark.parametrize("options, match", [
     (["--model", "efficient", "--routing", "inverted-attention"],
-     "unknown option 'routing' for efficient; choose from image_size, "),
+     "--routing is not an option of --model efficient (only of --model capsnet)"),
     (["--routing", "self-attention", "--routing-iterations", "2"],
      "self-attention routing takes no routing_iterations; it is an option of dynamic, "),
-    (["--model", "cnn", "--input-norm", "image"], "unknown option 'input_norm' for cnn"),
+    (["--model", "cnn", "--input-norm", "image"],
+     "--input-norm is not an option of --model cnn (only of --model capsnet"),
+    (["--model", "capsnet", "--cnn-decoder", "plain"],
+     "--cnn-decoder is not an option of --model capsnet (only of --model cnn)"),
     (["--model", "em", "--preset", "half"], "unknown preset 'half' for em; choose from paper"),
 ])
 def test_a_model_option_the_model_cannot_honour_is_a_usage_error_before_any_training(
@@ -196,6 +201,12 @@ def test_a_model_option_the_model_cannot_honour_is_a_usage_error_before_any_trai
     assert main(["train", *options, "--data-dir", str(tmp_path / "none"), "--no-download",
                  "--out-dir", str(run)]) == 2
     assert match in error_line(capsys) and not run.exists()
+
+
+def test_python_callers_see_the_config_key_that_the_cli_names_by_its_flag():
+    """`--cnn-decoder` sets the CNN's config option `decoder`: make_config names the key."""
+    with pytest.raises(ConfigError, match="unknown option 'decoder' for capsnet; choose from "):
+        make_config("capsnet", decoder="plain")
 
 
 def test_bad_checkpoint_is_a_one_line_error(tiny_mnist_dir, tmp_path, capsys):
@@ -268,3 +279,16 @@ def test_library_settings_take_the_same_learning_rate_default():
     assert TrainSettings(model="cnn", preset="small").lr == 1e-3
     stored = TrainSettings(model="cnn", lr=3e-4).to_dict()
     assert TrainSettings.from_dict(stored).lr == 3e-4  # a run's own rate survives a resume
+
+
+@pytest.mark.parametrize("text, stride", [("auto", "auto"), ("2", 2), ("0", None), ("x", None),
+                                          ("-1", None), ("1.5", None)])
+def test_conv1_stride_takes_auto_or_a_whole_number_from_one(text, stride, capsys):
+    from capsnet.cli.main import build_parser
+
+    if stride is None:
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["train", "--conv1-stride", text])
+        assert "expected 'auto' or a whole number >= 1" in capsys.readouterr().err
+    else:
+        assert build_parser().parse_args(["train", "--conv1-stride", text]).conv1_stride == stride

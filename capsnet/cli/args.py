@@ -8,7 +8,7 @@ import sys
 from torch import nn
 
 from capsnet.checkpoint import CheckpointError, load_model
-from capsnet.config import INPUT_NORMS
+from capsnet.config import INPUT_NORMS, ConfigError
 from capsnet.data.datasets import DATASET_NAMES
 from capsnet.data.folder import FolderDatasetError, format_skipped_warning
 from capsnet.data.idx import IDXError
@@ -20,7 +20,7 @@ from capsnet.extras import MissingExtraError
 from capsnet.layers.gemm_conv import CONV_IMPLS
 from capsnet.models.cnn_baseline import CNN_DECODERS
 from capsnet.models.precision import PRECISIONS
-from capsnet.models.registry import MODELS, preset_names
+from capsnet.models.registry import MODELS, has_option, preset_names
 from capsnet.routing import capsnet_routers
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.recipes import RECIPES, SCHEDULES, default_lr, recipe_for
@@ -37,8 +37,10 @@ from capsnet.tuning.memory import MemoryExceeded
 USER_ERRORS = (IDXError, DataNotFoundError, CheckpointError, FolderDatasetError,
                NonFiniteLossError, MemoryExceeded, MissingExtraError, FileNotFoundError, ValueError)
 DEFAULTS = TrainSettings()
-# Options a resumed run takes from the resuming command only when they are given there.
-RESUME_OPTIONAL_OVERRIDES = ("lr_decay",)
+# The model config options (capsnet.models.registry) that flags set, and their flags.
+MODEL_OPTION_FLAGS = {"routing": "--routing", "routing_iterations": "--routing-iterations",
+                      "input_norm": "--input-norm", "conv1_stride": "--conv1-stride",
+                      "decoder": "--cnn-decoder"}
 
 
 def add_data_args(parser: argparse.ArgumentParser, model_default: bool = False) -> None:
@@ -63,9 +65,8 @@ def add_data_args(parser: argparse.ArgumentParser, model_default: bool = False) 
 
 
 def load_cli_test_set(args: argparse.Namespace, config) -> ImageDataset:
-    """The test set of --dataset (default: the model's own) as the model with ``config``
-    sees it (its channels, size and crop), on the CPU; skipped files are reported on
-    stderr."""
+    """The test set of --dataset (default: the model's own) as the model with ``config`` sees
+    it (its channels, size and crop), on the CPU; skipped files are reported on stderr."""
     test = load_test_set(config, args.dataset, args.data_dir, args.download,
                          skip_bad=getattr(args, "skip_bad_images", False))
     warning = format_skipped_warning(test.info)
@@ -79,8 +80,17 @@ def add_device_arg(parser: argparse.ArgumentParser) -> None:
                         help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
 
 
-def add_speed_args(parser: argparse.ArgumentParser) -> None:
-    """--precision and --conv-impl: 'auto' is the rule of capsnet.tuning.choose_plan."""
+def add_model_args(parser: argparse.ArgumentParser, checkpoint: str | None = "option") -> None:
+    """The model to use (a checkpoint, a weights file or the shipped model) as --checkpoint
+    (``checkpoint`` 'option'), as an optional positional ('positional'), or not at all (None:
+    the command names its checkpoints itself); the device and the speed options."""
+    help_text = ("a .pt checkpoint from `capsnet train` or a .safetensors weights file "
+                 "(default: the trained model shipped with capsnet)")
+    if checkpoint == "positional":
+        parser.add_argument("checkpoint", nargs="?", default=None, help=help_text)
+    elif checkpoint == "option":
+        parser.add_argument("--checkpoint", default=None, metavar="PATH", help=help_text)
+    add_device_arg(parser)
     parser.add_argument("--precision", default="auto", choices=["auto", *PRECISIONS],
                         help="auto: bf16 autocast where the device computes bf16 natively "
                              "(CPUs with AVX512-BF16 or AMX, GPUs of compute capability 8.0 "
@@ -95,20 +105,6 @@ def add_speed_args(parser: argparse.ArgumentParser) -> None:
                              "(reproducible to the bit on one GPU, slower)")
 
 
-def add_model_args(parser: argparse.ArgumentParser, checkpoint: str | None = "option") -> None:
-    """The model to use (a checkpoint, a weights file or the shipped model) as --checkpoint
-    (``checkpoint`` 'option'), as an optional positional ('positional'), or not at all (None:
-    the command names its checkpoints itself); the device and the speed options."""
-    help_text = ("a .pt checkpoint from `capsnet train` or a .safetensors weights file "
-                 "(default: the trained model shipped with capsnet)")
-    if checkpoint == "positional":
-        parser.add_argument("checkpoint", nargs="?", default=None, help=help_text)
-    elif checkpoint == "option":
-        parser.add_argument("--checkpoint", default=None, metavar="PATH", help=help_text)
-    add_device_arg(parser)
-    add_speed_args(parser)
-
-
 def load_cli_model(args: argparse.Namespace, source: str | None = None) -> nn.Module:
     """The model named by --checkpoint (or ``source``, or the shipped one) on the --device,
     in eval mode, running as --precision and --conv-impl say."""
@@ -120,19 +116,16 @@ def load_cli_model(args: argparse.Namespace, source: str | None = None) -> nn.Mo
 
 
 def add_recipe_args(p: argparse.ArgumentParser, models: tuple[str, ...] | None = None) -> None:
-    """Model, data and optimisation options of every training command. Model options
-    (--routing, --routing-iterations, --input-norm) default to None or 'auto': only those
-    given are checked against the model (capsnet.models.registry.make_config).
-    ``models``: the --model choices (default: every registered model)."""
+    """Model, data and optimisation options of every training command (``models``: the
+    --model choices, default every registered one); only the model options given are checked."""
     models = models or tuple(MODELS)
     p.add_argument("--model", default=models[0], choices=list(models),
                    help="; ".join(f"{name}: {MODELS[name].summary}" for name in models))
     p.add_argument("--preset", default=DEFAULTS.preset, choices=preset_names(),
                    help="layer sizes: 'paper', 'half' (half the paper's channels: the affNIST "
-                        "CNN at about the paper CNN's parameter count), the narrow 'small' "
-                        "for quick CPU runs, or the "
-                        "paper's section 7 models 'cifar10' (64 primary types, a "
-                        "none-of-the-above routing category, 24x24 crops) and 'svhn'")
+                        "CNN at about the paper CNN's parameter count), the narrow 'small' for "
+                        "quick CPU runs, or the paper's section 7 models 'cifar10' (64 primary "
+                        "types, a none-of-the-above routing category, 24x24 crops) and 'svhn'")
     add_data_args(p)
     add_schedule_args(p)
     p.add_argument("--routing", default=None, choices=capsnet_routers(),
@@ -155,8 +148,7 @@ def add_recipe_args(p: argparse.ArgumentParser, models: tuple[str, ...] | None =
                         f"default: {DEFAULT_VAL_SIZE}, or a tenth of a training pool smaller "
                         f"than {DEFAULT_VAL_SIZE * VAL_FRACTION_INVERSE})")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
-    add_device_arg(p)
-    add_speed_args(p)
+    add_model_args(p, checkpoint=None)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--no-progress", dest="progress", action="store_false")
 
@@ -218,13 +210,9 @@ def conv1_stride_arg(text: str) -> str | int:
     """--conv1-stride: 'auto' or a positive whole number."""
     if text == "auto":
         return text
-    try:
-        stride = int(text)
-    except ValueError:
-        stride = 0
-    if stride < 1:
+    if not text.isdecimal() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number >= 1, not {text!r}")
-    return stride
+    return int(text)
 
 
 def add_image_args(p: argparse.ArgumentParser) -> None:
@@ -270,50 +258,29 @@ def add_run_args(p: argparse.ArgumentParser, out_dir: str) -> None:
     p.set_defaults(default_out_dir=out_dir)
 
 
-def add_match_args(p: argparse.ArgumentParser) -> None:
-    """--matched: the positional arguments are run directories compared at one validation
-    accuracy."""
-    p.add_argument("--matched", action="store_true",
-                   help="the arguments are run directories; each stands for its earliest kept "
-                        "checkpoint (last.pt, best.pt, epoch-NNN.pt from --keep-every) whose "
-                        "validation accuracy reaches the highest level every run reached, so "
-                        "the models are compared at the same validation accuracy")
-    p.add_argument("--match-accuracy", type=float, default=None, metavar="ACC",
-                   help="with --matched: compare at validation accuracy ACC instead")
-
-
-def matched_sources(args: argparse.Namespace, paths: list[str]) -> list[str]:
-    """The checkpoints the positional ``paths`` stand for (with --matched, one per run
-    directory, printed with their epochs and validation accuracies)."""
-    if not args.matched:
-        if args.match_accuracy is not None:
-            raise ValueError("--match-accuracy needs --matched")
-        return paths
-    from capsnet.experiments.matching import describe_match, matched_checkpoints
-
-    level, chosen = matched_checkpoints(paths, args.match_accuracy)
-    print(describe_match(level, chosen), file=sys.stderr)
-    return [str(kept.path) for kept in chosen]
-
-
-def add_target_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target-accuracy", type=float, default=None, metavar="ACC",
-                   help="stop after the first epoch whose validation accuracy reaches ACC "
-                        "(e.g. 0.99), to compare models at the same accuracy")
+def check_model_flags(args: argparse.Namespace) -> None:
+    """ConfigError naming the flag, not the config key, of a model option --model lacks."""
+    for option, flag in MODEL_OPTION_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value not in (None, "auto") and not has_option(args.model, option):
+            takers = [name for name in MODELS if has_option(name, option)]
+            raise ConfigError(f"{flag} is not an option of --model {args.model} (only of "
+                              f"--model {', '.join(takers)})")
 
 
 def settings_from_args(args: argparse.Namespace, **fixed) -> TrainSettings:
     """The run's settings: those given on the command line (``fixed`` values override them;
     options left at None take the dataclass default), or with --resume the stopped run's own
     settings with --device, --no-progress and, when given, --epochs and --lr-decay."""
+    check_model_flags(args)
     values = {k: v for k, v in vars(args).items()
               if k in TrainSettings.__dataclass_fields__ and v is not None}
     given = TrainSettings(**{**values, **fixed})
     if getattr(args, "resume", None):
-        also = [name for name in RESUME_OPTIONAL_OVERRIDES if getattr(args, name) is not None]
-        keep = [] if getattr(args, "epochs", None) is not None else ["epochs"]
+        also = ["lr_decay"] if args.lr_decay is not None else []
+        keep = [] if args.epochs is not None else ["epochs"]
         return resumed_settings(args.resume, given, also, args.out_dir, keep=keep)
-    out_dir = getattr(args, "out_dir", None) or getattr(args, "default_out_dir", None)
+    out_dir = args.out_dir or getattr(args, "default_out_dir", None)
     if out_dir:
         given.out_dir = out_dir
     return given

@@ -10,25 +10,13 @@ from pathlib import Path
 
 import torch
 
-from capsnet.attacks import (
-    ATTACK_LOSSES,
-    ATTACKS,
-    DEFAULT_LOSS,
-    AttackSettings,
-    fit_detectors,
-    markdown_table,
-    prepare_for_attack,
-    run_attack,
-    run_grid,
-    sanity_checks,
-    seeded_subset,
-)
+from capsnet import attacks
 from capsnet.attacks.capsule import diagnosis
 from capsnet.attacks.detection import DETECTION_FPR
 from capsnet.attacks.ood import CORRUPTIONS, ood_markdown, ood_row
 from capsnet.attacks.runner import write_json
 from capsnet.checkpoint import load_model
-from capsnet.cli.args import add_data_args, add_device_arg, load_cli_test_set
+from capsnet.cli import args as cli_args
 from capsnet.data.datasets import load_split
 from capsnet.data.image_dataset import stratified_split, to_model_input
 from capsnet.data.model_view import fit_to_model
@@ -52,27 +40,28 @@ def comma_list(kind):
     return parse
 
 
-def add_parser(subparsers) -> None:
-    s = AttackSettings()
+def add_attack(subparsers) -> None:
+    s = attacks.AttackSettings()
     p = subparsers.add_parser(
         "attack", help="robust accuracy under adversarial attacks, with detectors",
         description="Attack checkpoints (default: the shipped CapsNet) on a seeded subset of "
         "their test set: every model x attack x eps, in float32 with autocast off. Writes "
         "one JSON file per row under OUT_DIR/rows (a rerun skips the rows there), "
         "results.json, table.md and accuracy-eps.png. Attacks: " + ", ".join(
-            f"{name} ({spec.description})" for name, spec in ATTACKS.items()) + ".")
+            f"{name} ({spec.description})" for name, spec in attacks.ATTACKS.items()) + ".")
     p.add_argument("checkpoints", nargs="*", metavar="CHECKPOINT",
                    help=".pt checkpoints or .safetensors weights (default: the shipped model)")
     p.add_argument("--labels", nargs="+", default=None, help="names of the models, in order")
     p.add_argument("--attack", type=comma_list(str), default=["fgsm", "pgd"],
-                   metavar="NAME[,NAME]", help=f"attacks: {', '.join(ATTACKS)} (default: fgsm,pgd)")
+                   metavar="NAME[,NAME]",
+                   help=f"attacks: {', '.join(attacks.ATTACKS)} (default: fgsm,pgd)")
     p.add_argument("--eps", type=comma_list(float), default=[0.1, 0.3], metavar="E[,E]",
                    help="radii, in the attack's norm (default: 0.1,0.3)")
     p.add_argument("--steps", type=int, default=s.steps, help="gradient steps (default: 40)")
     p.add_argument("--restarts", type=int, default=s.restarts, help="PGD random restarts")
-    p.add_argument("--loss", default=s.loss, choices=list(ATTACK_LOSSES),
-                   help=f"what the attack maximises (default: {DEFAULT_LOSS}, the strongest: "
-                        "best other class score minus the true one)")
+    p.add_argument("--loss", default=s.loss, choices=list(attacks.ATTACK_LOSSES),
+                   help=f"what the attack maximises (default: {attacks.DEFAULT_LOSS}, the "
+                        "strongest: best other class score minus the true one)")
     p.add_argument("--targeted", action="store_true",
                    help="aim at a seeded random other class instead of any wrong class")
     p.add_argument("--routing-gradient", default="full", choices=["full", "last"],
@@ -104,9 +93,9 @@ def add_parser(subparsers) -> None:
                         "and class scores (first attack, largest eps)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON on stdout")
     p.add_argument("--out-dir", default="runs/attack", help="where rows, tables and plots go")
-    add_data_args(p, model_default=True)
-    add_device_arg(p)
-    p.set_defaults(func=run)
+    cli_args.add_data_args(p, model_default=True)
+    cli_args.add_device_arg(p)
+    p.set_defaults(func=run_attack_grid)
 
 
 def _validation_images(args, config, device) -> torch.Tensor:
@@ -115,7 +104,7 @@ def _validation_images(args, config, device) -> torch.Tensor:
     _, val_idx = stratified_split(train.labels, validation_size(args.val_size, len(train)),
                                   args.split_seed)
     val = fit_to_model(train.subset(val_idx), config)
-    pick = seeded_subset(len(val), args.val_n, args.seed)
+    pick = attacks.seeded_subset(len(val), args.val_n, args.seed)
     return to_model_input(val.images[pick]).to(device)
 
 
@@ -130,39 +119,40 @@ def _shifted_sets(args, config, x: torch.Tensor, device) -> dict[str, torch.Tens
             print(f"capsnet: {partner} not found, its OOD rows are left out ({exc})",
                   file=sys.stderr)
             return sets
-        pick = seeded_subset(len(other), len(x), args.seed)
+        pick = attacks.seeded_subset(len(other), len(x), args.seed)
         sets[partner] = to_model_input(other.images[pick]).to(device)
     return sets
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> int:
+def run_attack_grid(args: argparse.Namespace, argv: list[str]) -> int:
     log = (lambda text: print(text, file=sys.stderr)) if args.json else print
     device = pick_device(args.device)
     sources = args.checkpoints or [None]
     full_graph = args.routing_gradient == "full"
-    models = [prepare_for_attack(load_model(path, device), full_graph) for path in sources]
+    models = [attacks.prepare_for_attack(load_model(path, device), full_graph)
+              for path in sources]
     named = named_models([path or "weights/shipped" for path in sources], models, args.labels)
     config = models[0].config
-    test = load_cli_test_set(args, config)
-    pick = seeded_subset(len(test), args.n, args.seed)
+    test = cli_args.load_cli_test_set(args, config)
+    pick = attacks.seeded_subset(len(test), args.n, args.seed)
     x, y = to_model_input(test.images[pick]).to(device), test.labels[pick].to(device)
-    settings = AttackSettings(steps=args.steps, restarts=args.restarts, loss=args.loss,
-                              targeted=args.targeted, seed=args.seed, queries=args.queries,
-                              routing_gradient=args.routing_gradient)
+    settings = attacks.AttackSettings(
+        steps=args.steps, restarts=args.restarts, loss=args.loss, targeted=args.targeted,
+        seed=args.seed, queries=args.queries, routing_gradient=args.routing_gradient)
     source = None
     if args.source:
-        source = (f"{Path(args.source).resolve().parent.name}",
-                  prepare_for_attack(load_model(args.source, device), full_graph))
+        source = (Path(args.source).resolve().parent.name,
+                  attacks.prepare_for_attack(load_model(args.source, device), full_graph))
     detectors = None
     out = Path(args.out_dir)
     if args.detector or args.ood:
         val = _validation_images(args, config, device)
-        detectors = {m.label: fit_detectors(m.model, val) for m in named}
-    rows = run_grid([(m.label, m.model) for m in named], args.attack, args.eps, x, y, settings,
-                    out, detectors if args.detector else None, source, log)
+        detectors = {m.label: attacks.fit_detectors(m.model, val) for m in named}
+    rows = attacks.run_grid([(m.label, m.model) for m in named], args.attack, args.eps, x, y,
+                            settings, out, detectors if args.detector else None, source, log)
     results = {"command": "capsnet " + " ".join(argv), "n": len(y), "seed": args.seed,
                "settings": vars(settings), "rows": rows}
-    table = markdown_table(rows)
+    table = attacks.markdown_table(rows)
     extra = []
     if args.ood:
         shifted = _shifted_sets(args, config, x, device)
@@ -170,8 +160,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                           for m in named for name, images in shifted.items()]
         extra.append(ood_markdown(results["ood"]))
     if args.sanity:
-        results["sanity"] = {m.label: sanity_checks(m.model, x, y, max(args.eps), settings,
-                                                    source[1] if source else None)
+        source_model = source[1] if source else None
+        results["sanity"] = {m.label: attacks.sanity_checks(m.model, x, y, max(args.eps),
+                                                            settings, source_model)
                              for m in named}
         extra.append("\n".join(f"- {label}: {r['check']}: {'pass' if r['passed'] else 'FAIL'} "
                                f"{json.dumps(r['detail'])}"
@@ -195,7 +186,8 @@ def _figures(args, named, rows, x, y, settings, out: Path) -> None:
     if args.figure:
         model = named[0].model
         shown = slice(0, DIAGNOSIS_EXAMPLES)
-        x_adv, _ = run_attack(args.attack[0], model, x[shown], y[shown], max(args.eps), settings)
+        x_adv, _ = attacks.run_attack(args.attack[0], model, x[shown], y[shown], max(args.eps),
+                                      settings)
         diagnosis_figure(diagnosis(model, x[shown], x_adv, y[shown]), out / "diagnosis.png",
                          DIAGNOSIS_EXAMPLES, f"{named[0].label}: {args.attack[0]} at eps "
                          f"{max(args.eps):g}")

@@ -1,24 +1,24 @@
-"""The `capsnet` command: one subcommand per module in capsnet.cli."""
+"""The `capsnet` command: its subcommands, each an add_<name>(subparsers) in capsnet.cli
+whose parser sets ``func``, a run(args, argv) -> int."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 from capsnet import __version__
+from capsnet.cli import attack, deploy, experiments, pictures, predict, training
 from capsnet.cli.args import USER_ERRORS
 from capsnet.config import ConfigError
 from capsnet.devices import keep_freed_memory
 
-# Modules under capsnet.cli, each with add_parser(subparsers) and run(args, argv) -> int.
 COMMANDS = [
-    "train", "evaluate", "repeat",  # training and honest evaluation
-    "predict", "reconstruct", "manipulate", "routing", "plot", "serve",  # using a trained model
-    "robustness", "affnist", "multimnist", "attack",  # beyond plain accuracy
-    "export",  # deployment
+    training.add_train, training.add_evaluate, training.add_repeat,  # training, evaluation
+    predict.add_predict, pictures.add_reconstruct, pictures.add_manipulate,  # a trained model
+    pictures.add_routing, pictures.add_plot, deploy.add_serve,
+    experiments.add_robustness, experiments.add_affnist, experiments.add_multimnist,
+    attack.add_attack,  # beyond plain accuracy
+    deploy.add_export,  # deployment
 ]
-
-
 USAGE_ERROR = 2  # argparse's exit status for a wrong command line
 
 
@@ -27,8 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(Sabour, Frosst & Hinton 2017) on MNIST, in PyTorch.")
     parser.add_argument("--version", action="version", version=f"capsnet {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
-        importlib.import_module(f"capsnet.cli.{name}").add_parser(subparsers)
+    for add_command in COMMANDS:
+        add_command(subparsers)
     return parser
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image
 
 from capsnet.classes import indexed_name
-from capsnet.cli.args import add_model_args, load_cli_model
+from capsnet.cli import args as cli_args
 from capsnet.data.image_dataset import PIXEL_MAX
 from capsnet.inference import Prediction, predict_prepared
 from capsnet.preprocess import PreprocessError, prepare_for_model
@@ -21,7 +21,7 @@ ASCII_RAMP = " .:-=+*#%@"  # dark to bright
 PIXEL_LEVELS = PIXEL_MAX + 1
 
 
-def add_parser(subparsers) -> None:
+def add_predict(subparsers) -> None:
     p = subparsers.add_parser(
         "predict", help="predict the class of your own images",
         description="Predict the class of your own images (the digit, for an MNIST model). "
@@ -33,7 +33,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("images", nargs="+", metavar="IMAGE",
                    help="image files (PNG, JPEG, any format Pillow reads), folders of them, "
                         "or - for one image on stdin")
-    add_model_args(p)
+    cli_args.add_model_args(p)
     p.add_argument("--top-k", type=int, default=3,
                    help="classes listed per image, the prediction included (default: 3)")
     p.add_argument("--json", action="store_true",
@@ -43,7 +43,7 @@ def add_parser(subparsers) -> None:
                    help="draw the input as the model saw it beside its reconstruction, as text")
     p.add_argument("--save-dir", default=None, metavar="DIR",
                    help="write one PNG per image: input, reconstruction and capsule lengths")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run_predict)
 
 
 def expand_inputs(names: list[str]) -> list[str]:
@@ -82,10 +82,10 @@ def shown_name(name: str) -> str:
     return STDIN_NAME if name == STDIN else name
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> int:
+def run_predict(args: argparse.Namespace, argv: list[str]) -> int:
     if args.top_k < 1:
         raise ValueError("--top-k must be at least 1")
-    model = load_cli_model(args)
+    model = cli_args.load_cli_model(args)
     prepared, names, errors = [], [], []
     for name in expand_inputs(args.images):
         shown = shown_name(name)
@@ -113,37 +113,26 @@ def format_prediction(p: Prediction) -> str:
     """'my_seven.jpg: 7  length 0.912   then 1 (0.143), 9 (0.088)', with class names
     'shoe.png: Sneaker (7)  length 0.910   then Sandal (5) 0.051'."""
     line = f"{p.source}: {_label(p, p.digit)}  length {p.length:.3f}"
-    if _named(p):
+    if any(p.name_of(j) != str(j) for j in range(len(p.lengths))):  # named classes
         others = ", ".join(f"{_label(p, d)} {s:.3f}" for d, s in p.alternatives)
     else:
         others = ", ".join(f"{d} ({s:.3f})" for d, s in p.alternatives)
     return f"{line}   then {others}" if others else line
 
 
-def _named(p: Prediction) -> bool:
-    """True when the classes have names other than their indices."""
-    return any(p.name_of(j) != str(j) for j in range(len(p.lengths)))
-
-
 def _label(p: Prediction, index: int) -> str:
     return indexed_name([p.name_of(j) for j in range(len(p.lengths))], index)
 
 
-def grey_levels(image: np.ndarray) -> np.ndarray:
-    """A display-layout image (H, W) or (H, W, 3) -> (H, W) brightness (mean over channels)."""
-    return image if image.ndim == 2 else image.mean(axis=-1)
-
-
 def ascii_pair(image: np.ndarray, reconstruction: np.ndarray | None) -> str:
     """Two uint8 images (H, W[, 3]) side by side as text, two characters per pixel."""
-    panels = [grey_levels(image)] + ([grey_levels(reconstruction)]
-                                     if reconstruction is not None else [])
+    shown = [image] if reconstruction is None else [image, reconstruction]
+    panels = [a if a.ndim == 2 else a.mean(axis=-1) for a in shown]  # (H, W) brightness
     width = 2 * image.shape[1]
     header = "  ".join(t.center(width) for t in ["input", "reconstruction"][:len(panels)])
-    rows = []
-    for r in range(image.shape[0]):
-        rows.append("  ".join("".join(2 * ASCII_RAMP[int(v) * len(ASCII_RAMP) // PIXEL_LEVELS]
-                                      for v in panel[r]) for panel in panels))
+    rows = ["  ".join("".join(2 * ASCII_RAMP[int(v) * len(ASCII_RAMP) // PIXEL_LEVELS]
+                              for v in panel[r]) for panel in panels)
+            for r in range(image.shape[0])]
     return "\n".join([header, *rows])
 
 

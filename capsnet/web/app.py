@@ -23,6 +23,7 @@ import io
 import math
 import socket
 import threading
+from http import HTTPStatus
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,6 @@ TOP_K = 3
 MAP_DECIMALS = 5  # routing maps: couplings differ from 1/J in the third or fourth decimal
 MULTIPART = "multipart/form-data"
 LISTEN_BACKLOG = 128
-HTTP_BAD_REQUEST, HTTP_TOO_LARGE, HTTP_SERVER_ERROR = 400, 413, 500
 
 
 def png_data_url(image: np.ndarray) -> str:
@@ -57,7 +57,7 @@ def png_data_url(image: np.ndarray) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def error(message: str, status: int = HTTP_BAD_REQUEST):
+def error(message: str, status: int = HTTPStatus.BAD_REQUEST):
     return jsonify(error=message), status
 
 
@@ -69,15 +69,17 @@ def create_app(model: nn.Module) -> Flask:
     lock = threading.Lock()  # one model call at a time across the server's threads
     has_decoder = getattr(model, "decoder", None) is not None
     routes = has_routing(model)
-    num_classes = model.config.num_classes
 
     @app.get("/")
     def index():
         return app.send_static_file("index.html")
 
     @app.get("/api/model")
-    def api_model():
-        return jsonify(model_info(model.config, has_decoder))
+    def api_model():  # the classes, the input the model takes, whether it is a digit model
+        config = model.config
+        return jsonify(classes=class_names(config), dataset=config.dataset,
+                       channels=config.in_channels, image_size=config.image_size,
+                       digits=is_digit_model(config), has_decoder=has_decoder)
 
     @app.post("/api/predict")
     def api_predict():
@@ -85,17 +87,21 @@ def create_app(model: nn.Module) -> Flask:
 
     @app.post("/api/decode")
     def api_decode():
-        return _decode_response(model, lock, has_decoder, num_classes)
+        return _decode_response(model, lock, has_decoder)
 
-    _register_error_handlers(app)
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException):
+        if exc.code == HTTPStatus.REQUEST_ENTITY_TOO_LARGE:
+            return error(f"upload too large: the limit is {MAX_UPLOAD_BYTES // 2**20} MB",
+                         HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+        return error(f"{exc.name}: {exc.description}", exc.code or HTTPStatus.BAD_REQUEST)
+
+    @app.errorhandler(Exception)
+    def server_error(exc: Exception):  # a bug: the only 5xx
+        app.logger.exception("unexpected error")
+        return error(f"internal error ({type(exc).__name__})", HTTPStatus.INTERNAL_SERVER_ERROR)
+
     return app
-
-
-def model_info(config, has_decoder: bool) -> dict:
-    """GET /api/model: the classes, the input the model takes, whether it is a digit model."""
-    return {"classes": class_names(config), "dataset": config.dataset,
-            "channels": config.in_channels, "image_size": config.image_size,
-            "digits": is_digit_model(config), "has_decoder": has_decoder}
 
 
 def _predict_response(model: nn.Module, lock: threading.Lock, routes: bool):
@@ -109,7 +115,7 @@ def _predict_response(model: nn.Module, lock: threading.Lock, routes: bool):
     try:
         image = prepare_for_model(data, model.config)  # (C, H, W) uint8
     except ImageTooLargeError as exc:
-        return error(str(exc), HTTP_TOO_LARGE)
+        return error(str(exc), HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
     except PreprocessError as exc:
         return error(str(exc))
     with lock:
@@ -122,8 +128,7 @@ def _predict_response(model: nn.Module, lock: threading.Lock, routes: bool):
                    routing=routing, **{"class": p.class_name})
 
 
-def _decode_response(model: nn.Module, lock: threading.Lock, has_decoder: bool,
-                     num_classes: int):
+def _decode_response(model: nn.Module, lock: threading.Lock, has_decoder: bool):
     """POST /api/decode: JSON {"index": k, "pose": [D floats]} -> the decoded image."""
     if not has_decoder:
         return error("this model has no reconstruction decoder")
@@ -131,7 +136,7 @@ def _decode_response(model: nn.Module, lock: threading.Lock, has_decoder: bool,
     if not isinstance(body, dict):
         return error("expected a JSON object {\"index\": k, \"pose\": [numbers]}")
     digit, pose = body.get("index", body.get("digit")), body.get("pose")
-    dim = model.config.digit_dim
+    dim, num_classes = model.config.digit_dim, model.config.num_classes
     if not isinstance(digit, int) or isinstance(digit, bool) or not 0 <= digit < num_classes:
         return error(f"index (or digit) must be an integer in 0..{num_classes - 1}")
     if (not isinstance(pose, list) or len(pose) != dim
@@ -142,22 +147,6 @@ def _decode_response(model: nn.Module, lock: threading.Lock, has_decoder: bool,
         vector = torch.tensor([pose], dtype=torch.float32, device=model_device(model))  # (1, D)
         recon = to_uint8(decode_pose(model, vector, digit))[0]  # (H, W) or (H, W, 3)
     return jsonify(reconstruction=png_data_url(recon))
-
-
-def _register_error_handlers(app: Flask) -> None:
-    """Every error as JSON {"error": message}: 4xx for bad requests, 500 only for a bug."""
-
-    @app.errorhandler(HTTPException)
-    def http_error(exc: HTTPException):
-        if exc.code == HTTP_TOO_LARGE:
-            return error(f"upload too large: the limit is {MAX_UPLOAD_BYTES // 2**20} MB",
-                         HTTP_TOO_LARGE)
-        return error(f"{exc.name}: {exc.description}", exc.code or HTTP_BAD_REQUEST)
-
-    @app.errorhandler(Exception)
-    def server_error(exc: Exception):
-        app.logger.exception("unexpected error")
-        return error(f"internal error ({type(exc).__name__})", HTTP_SERVER_ERROR)
 
 
 def routing_maps(model: nn.Module, image: np.ndarray) -> dict:

@@ -1,13 +1,48 @@
-"""`capsnet export`: a checkpoint as an ONNX or TorchScript inference model."""
+"""`capsnet serve` and `capsnet export`: the local web demo, and inference files for use
+outside this package."""
 from __future__ import annotations
 
 import argparse
 
 from capsnet.checkpoint import weights_info
+from capsnet.cli import args as cli_args
 from capsnet.export import FORMATS, export_checkpoint, read_description
 
+DEFAULT_PORT = 8000
 
-def add_parser(subparsers) -> None:
+
+def add_serve(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve", help="start the local web demo",
+        description="Serve a one-page web app: draw a digit or upload an image, see the "
+        "prediction, the capsule lengths, the reconstruction, and move the winning "
+        "capsule's dimensions with sliders.")
+    cli_args.add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help=f"port (default: {DEFAULT_PORT}; 0 picks a free one)")
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace, argv: list[str]) -> int:
+    from capsnet.web import create_app, make_server
+
+    model = cli_args.load_cli_model(args)
+    try:
+        server = make_server(create_app(model), args.host, args.port)
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise ValueError(f"cannot listen on {args.host}:{args.port}: {reason}") from None
+    print(f"capsnet demo on http://{args.host}:{server.port}/ (Ctrl+C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0
+
+
+def add_export(subparsers) -> None:
     p = subparsers.add_parser(
         "export", help="write an ONNX or TorchScript inference model",
         description="Export a trained model for inference outside this package. The file "
@@ -24,10 +59,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("-o", "--output", default=None,
                    help="file to write (default: beside the checkpoint, e.g. best.onnx or "
                         "best.ts.pt)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run_export)
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> int:
+def run_export(args: argparse.Namespace, argv: list[str]) -> int:
     path = export_checkpoint(args.checkpoint, args.output, args.fmt)
     if args.fmt == "safetensors":
         size_mb = path.stat().st_size / 2**20
