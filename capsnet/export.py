@@ -17,8 +17,7 @@ from torch import nn
 
 from capsnet.atomic import atomic_path
 from capsnet.checkpoint import WEIGHTS_SUFFIX, load_checkpoint, load_model, save_weights
-from capsnet.classes import class_names
-from capsnet.config import config_to_dict
+from capsnet.config import class_names, config_to_dict
 from capsnet.models import CapsuleOutput, class_scores, entry_of
 
 FORMATS = ("onnx", "torchscript")

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from capsnet.checkpoint import ModelSource, load_model
-from capsnet.classes import class_names
+from capsnet.config import class_names
 from capsnet.data.image_dataset import CHANNEL_COUNTS, PIXEL_MAX, display_images, to_model_input
 from capsnet.models import CapsuleOutput, MatrixCapsuleOutput, class_scores
 from capsnet.preprocess import ImageSource, PreprocessError, prepare_for_model

@@ -19,7 +19,7 @@ from torch import nn
 
 from capsnet.data.image_dataset import to_model_input
 from capsnet.models import entry_of, unwrap
-from capsnet.models.entry import POSITION_MAJOR, TYPE_MAJOR, Children
+from capsnet.models.base import POSITION_MAJOR, TYPE_MAJOR, Children
 
 __all__ = ["POSITION_MAJOR", "TYPE_MAJOR", "Children", "RoutingTrace", "has_routing",
            "receptive_fields", "routing_trace"]

@@ -16,7 +16,7 @@ from capsnet.export import export_model, read_description
 from capsnet.inference import predict_prepared
 from capsnet.layers import DigitCaps, squash
 from capsnet.models import MODELS, CapsuleOutput, make_config
-from capsnet.models.entry import TYPE_MAJOR, Children, ClassRouting, ModelEntry
+from capsnet.models.base import TYPE_MAJOR, Children, ClassRouting, ModelEntry
 from capsnet.routing import DynamicRouter
 from capsnet.routing_trace import routing_trace
 from tests.conftest import make_fake_digits

@@ -18,9 +18,9 @@ from capsnet.data.sources import DataNotFoundError
 from capsnet.devices import pick_device, tune_backends
 from capsnet.extras import MissingExtraError
 from capsnet.layers.gemm_conv import CONV_IMPLS
+from capsnet.models import MODELS, preset_names
+from capsnet.models.base import PRECISIONS
 from capsnet.models.cnn_baseline import CNN_DECODERS
-from capsnet.models.precision import PRECISIONS
-from capsnet.models.registry import MODELS, preset_names
 from capsnet.routing import capsnet_routers
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.recipes import RECIPES, SCHEDULES, default_lr, recipe_for
@@ -122,7 +122,7 @@ def load_cli_model(args: argparse.Namespace, source: str | None = None) -> nn.Mo
 def add_recipe_args(p: argparse.ArgumentParser, models: tuple[str, ...] | None = None) -> None:
     """Model, data and optimisation options of every training command. Model options
     (--routing, --routing-iterations, --input-norm) default to None or 'auto': only those
-    given are checked against the model (capsnet.models.registry.make_config).
+    given are checked against the model (capsnet.models.make_config).
     ``models``: the --model choices (default: every registered model)."""
     models = models or tuple(MODELS)
     p.add_argument("--model", default=models[0], choices=list(models),

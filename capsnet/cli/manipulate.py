@@ -5,9 +5,9 @@ import argparse
 
 import torch
 
-from capsnet.classes import class_index, label_of
 from capsnet.cli.args import add_data_args, add_model_args, load_cli_model, load_cli_test_set
 from capsnet.cli.predict import read_named
+from capsnet.config import class_index, label_of
 from capsnet.inference import (
     PERTURB_RANGE,
     PERTURB_STEP,

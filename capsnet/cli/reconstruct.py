@@ -5,8 +5,8 @@ import argparse
 
 import torch
 
-from capsnet.classes import class_names
 from capsnet.cli.args import add_data_args, add_model_args, load_cli_model, load_cli_test_set
+from capsnet.config import class_names
 from capsnet.data.image_dataset import display_images
 from capsnet.inference import pick_examples, predict_until, require_decoder, run_model, to_uint8
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from capsnet.classes import class_names, label_of
 from capsnet.cli.args import add_data_args, add_model_args, load_cli_model, load_cli_test_set
 from capsnet.cli.predict import expand_inputs, read_named, shown_name
+from capsnet.config import class_names, label_of
 from capsnet.data.image_dataset import display_images
 from capsnet.routing_trace import RoutingTrace, routing_trace
 

@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from capsnet.classes import class_names
+from capsnet.config import class_names
 from capsnet.data.augment import center_crop
 from capsnet.data.datasets import FOLDER, load_dataset, load_split
 from capsnet.data.image_dataset import ImageDataset

@@ -14,7 +14,7 @@ from capsnet.data.image_dataset import PIXEL_MAX, to_model_input
 from capsnet.data.transforms import place_on_canvas
 from capsnet.losses import RECONSTRUCTION_WEIGHT, margin_loss, reconstruction_loss
 from capsnet.models import unwrap
-from capsnet.models.precision import autocast_to
+from capsnet.models.base import autocast_to
 
 MAX_SHIFT = 4  # the paper: each digit shifted up to 4 pixels in each direction
 DIGITS_PER_IMAGE = 2

@@ -10,8 +10,7 @@ from torch import nn
 
 from capsnet.config import ConfigError, NormalisedDataConfig, conv_output_size, stack_fields
 from capsnet.layers import Decoder, DigitCaps, GemmConv2d, InputNorm, PrimaryCaps, full_precision
-from capsnet.models.entry import TYPE_MAJOR, Children, ClassRouting, ModelEntry
-from capsnet.models.precision import autocast_to
+from capsnet.models.base import TYPE_MAJOR, Children, ClassRouting, ModelEntry, autocast_to
 from capsnet.routing import capsnet_routers, router_class
 
 

@@ -11,8 +11,7 @@ from torch import nn
 from capsnet.config import NormalisedDataConfig, conv_output_size, stack_fields
 from capsnet.layers import GemmConv2d, InputNorm
 from capsnet.layers.matrix_caps import ClassCapsules, ConvMatrixCaps, PrimaryMatrixCaps
-from capsnet.models.entry import POSITION_MAJOR, Children, ClassRouting, ModelEntry
-from capsnet.models.precision import autocast_to
+from capsnet.models.base import POSITION_MAJOR, Children, ClassRouting, ModelEntry, autocast_to
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from capsnet.data.folder import DEFAULT_TEST_FRACTION, format_skipped_warning
 from capsnet.data.image_dataset import as_image_dataset, held_out_split, to_model_input
 from capsnet.data.policy import conv1_stride_for, input_norm_for
 from capsnet.data.splits import epoch_order, epoch_seed, stratified_split
-from capsnet.models.registry import PRESET_CROPS, make_config
+from capsnet.models import PRESET_CROPS, make_config
 from capsnet.training import distributed
 from capsnet.training.distributed import World
 from capsnet.training.loop import StepOptions, evaluate, predict_scores, train_one_epoch
