@@ -56,9 +56,14 @@ class CapsNetConfig(NormalisedDataConfig):
             raise ValueError("routing_iterations must be at least 1")
 
     @property
+    def layers(self) -> tuple[tuple[int, int], ...]:
+        """(kernel, stride) of Conv1 and PrimaryCaps."""
+        return (self.conv1_kernel, self.conv1_stride), (self.primary_kernel, self.primary_stride)
+
+    @property
     def smallest_image_size(self) -> int:
-        """The smallest input side with a 1x1 primary grid (17 for the paper's kernels)."""
-        return self.conv1_kernel + (self.primary_kernel - 1) * self.conv1_stride
+        """The smallest input side with a 1x1 primary grid: one primary capsule's field (17)."""
+        return stack_fields(self.layers, 1)[1]
 
     @property
     def conv1_grid(self) -> int:
@@ -148,10 +153,8 @@ def check_routing(values: dict, given: set[str]) -> None:
 
 def routing_view(config: CapsNetConfig) -> Children:
     """The primary capsules, type-major i = (type, row, column), and their receptive fields."""
-    layers = ((config.conv1_kernel, config.conv1_stride),
-              (config.primary_kernel, config.primary_stride))
     return Children(config.primary_types, config.primary_grid, TYPE_MAJOR,
-                    *stack_fields(layers, config.primary_grid), "primary", "length")
+                    *stack_fields(config.layers, config.primary_grid), "primary", "length")
 
 
 # The narrow sizes for tests and quick CPU runs.

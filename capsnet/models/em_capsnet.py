@@ -66,11 +66,8 @@ class EMCapsNetConfig(NormalisedDataConfig):
 
     @property
     def smallest_image_size(self) -> int:
-        """The smallest input side with a 1x1 ConvCaps2 grid."""
-        size = 1
-        for kernel, stride in reversed(self.layers):
-            size = (size - 1) * stride + kernel
-        return size
+        """The smallest input side with a 1x1 ConvCaps2 grid: one ConvCaps2 capsule's field."""
+        return stack_fields(self.layers, 1)[1]
 
     @property
     def class_coordinates(self) -> tuple[float, ...]:
@@ -135,7 +132,7 @@ class EMCapsNet(nn.Module):
             poses, a = self.primary_caps(h)  # (B, 12, 12, 32, 16), (B, 12, 12, 32) float32
             poses, a = self.conv_caps1(poses, a)  # (B, 5, 5, 32, 16), (B, 5, 5, 32)
             poses, a = self.conv_caps2(poses, a)  # (B, 3, 3, 32, 16), (B, 3, 3, 32)
-        votes, a, routed = self.class_caps.route(poses, a)  # (B, 10, 288, 16), (B, 288)
+        votes, a, routed = self.class_caps(poses, a)  # (B, 10, 288, 16), (B, 288)
         return ClassRouting(a, votes, a, routed, self.class_caps.router)
 
     def forward(self, x: torch.Tensor,
