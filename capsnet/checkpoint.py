@@ -116,21 +116,15 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
     return payload
 
 
-def model_from_checkpoint(path_or_payload, map_location: Any = "cpu",
-                          expected_model: str | None = None) -> nn.Module:
+def model_from_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> nn.Module:
     """Rebuild a checkpoint's model with its weights (eval mode) on ``map_location``; the
     file is mapped on the CPU and only the weights are read."""
-    from_file = not isinstance(path_or_payload, dict)
-    payload = load_checkpoint(path_or_payload, "cpu", mmap=True) if from_file else path_or_payload
-    where = f"{path_or_payload}: " if from_file else ""
+    payload = load_checkpoint(path, "cpu", mmap=True)
     name = payload["model"]
-    if expected_model is not None and name != expected_model:
-        raise CheckpointError(f"{where}checkpoint holds a {name!r} model, "
-                              f"expected {expected_model!r}")
     if "state_dict" not in payload or "config" not in payload:
-        raise CheckpointError(f"{where}checkpoint does not match the {name} model: it holds no "
+        raise CheckpointError(f"{path}: checkpoint does not match the {name} model: it holds no "
                               f"{'state_dict' if 'config' in payload else 'config'}")
-    model = _build_and_load(name, payload["config"], payload["state_dict"], where)
+    model = _build_and_load(name, payload["config"], payload["state_dict"], f"{path}: ")
     return model.to(map_location if isinstance(map_location, (str, torch.device)) else "cpu").eval()
 
 

@@ -82,7 +82,7 @@ def test_train_writes_a_self_describing_run_directory(full_run):
     last, best = load_checkpoint(full_run / "last.pt"), load_checkpoint(full_run / "best.pt")
     assert last["epoch"] == 2 and best["epoch"] == best_epoch
     assert {"optimizer", "scheduler", "rng", "train_settings"} <= set(last)
-    model_from_checkpoint(full_run / "best.pt", expected_model="capsnet")
+    assert type(model_from_checkpoint(full_run / "best.pt")).__name__ == "CapsNet"
 
 
 # the CNN's dropout needs the saved RNG
