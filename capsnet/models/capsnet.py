@@ -120,15 +120,19 @@ class CapsNet(nn.Module):
         u_hat, routed = self.digit_caps.route(u)  # (B, 10, 1152, 16), Routed
         return ClassRouting(u, u_hat, None, routed, self.digit_caps.router)
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
-        routed = self.forward_routing(x).routed
-        v, lengths = routed.poses, routed.activations  # (B, 10, 16), (B, 10) float32
+    def forward_head(self, routing: ClassRouting,
+                     labels: torch.Tensor | None = None) -> CapsuleOutput:
+        """The routed class capsules, and the decoder's image of the one ``labels`` names."""
+        v, lengths = routing.routed.poses, routing.routed.activations  # (B, 10, 16), (B, 10)
         reconstructions = None
         if self.decoder is not None:
-            with autocast_to(x.device, self.compute_dtype):
+            with autocast_to(v.device, self.compute_dtype):
                 keep = labels if labels is not None else lengths.argmax(dim=-1)  # (B,)
                 reconstructions = full_precision(self.decoder(v, keep))  # (B, 1, 28, 28)
         return CapsuleOutput(lengths, v, reconstructions)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
+        return self.forward_head(self.forward_routing(x), labels)
 
 
 # CapsNet's options that only some routers take: the option -> the router's argument.

@@ -176,7 +176,8 @@ class EfficientCapsNet(nn.Module):
         u_hat, routed = self.class_caps.route(u)  # (B, 10, 16, 16), Routed
         return ClassRouting(u, u_hat, None, routed, self.class_caps.router)
 
-    forward = CapsNet.forward  # the same: class capsules, then the decoder of the masked poses
+    # as CapsNet's: the class capsules, then the decoder of the masked poses
+    forward_head, forward = CapsNet.forward_head, CapsNet.forward
 
 
 def routing_view(config: EfficientCapsNetConfig) -> Children:

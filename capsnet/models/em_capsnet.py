@@ -135,10 +135,14 @@ class EMCapsNet(nn.Module):
         votes, a, routed = self.class_caps(poses, a)  # (B, 10, 288, 16), (B, 288)
         return ClassRouting(a, votes, a, routed, self.class_caps.router)
 
+    def forward_head(self, routing: ClassRouting,
+                     labels: torch.Tensor | None = None) -> MatrixCapsuleOutput:
+        routed = routing.routed
+        return MatrixCapsuleOutput(routed.activations, routed.poses)  # (B, 10), (B, 10, 16)
+
     def forward(self, x: torch.Tensor,
                 labels: torch.Tensor | None = None) -> MatrixCapsuleOutput:
-        routed = self.forward_routing(x).routed
-        return MatrixCapsuleOutput(routed.activations, routed.poses)  # (B, 10), (B, 10, 16)
+        return self.forward_head(self.forward_routing(x))
 
 
 def routing_view(config: EMCapsNetConfig) -> Children:
