@@ -14,9 +14,9 @@ class ConfigError(ValueError):
     """An option a model does not have, or a combination it cannot honour (names the choices)."""
 
 
-def conv_output_size(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:
-    """Spatial size after a convolution (floor division, as in ``nn.Conv2d``)."""
-    return (size + 2 * padding - kernel) // stride + 1
+def conv_output_size(size: int, kernel: int, stride: int = 1) -> int:
+    """Spatial size after an unpadded convolution (floor division, as in ``nn.Conv2d``)."""
+    return (size - kernel) // stride + 1
 
 
 @dataclass(frozen=True)

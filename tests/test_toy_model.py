@@ -49,9 +49,11 @@ class ToyCapsNet(nn.Module):
         votes, routed = self.class_caps.route(u)  # (B, J, I, D), Routed
         return ClassRouting(u, votes, None, routed, self.class_caps.router)
 
+    def forward_head(self, routing: ClassRouting, labels=None) -> CapsuleOutput:
+        return CapsuleOutput(routing.routed.activations, routing.routed.poses, None)
+
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
-        routed = self.forward_routing(x).routed
-        return CapsuleOutput(routed.activations, routed.poses, None)
+        return self.forward_head(self.forward_routing(x), labels)
 
 
 def toy_view(config: ToyConfig) -> Children:

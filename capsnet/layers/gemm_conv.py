@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from capsnet.config import conv_output_size
+
 # A chunk of kernel rows is at least this many columns wide: one row of PrimaryCaps' kernel
 # (9 x 256 = 2304) is a chunk of its own, Conv1's 1-channel rows (9 wide) are all unrolled.
 MIN_CHUNK_WIDTH = 256
@@ -79,7 +81,7 @@ class _RowGemmConv2d(torch.autograd.Function):
     def forward(x, weight, bias, stride, keep_columns):
         B, C, H, W = x.shape
         O, _, Kh, Kw = weight.shape
-        grid = ((H - Kh) // stride[0] + 1, (W - Kw) // stride[1] + 1)
+        grid = (conv_output_size(H, Kh, stride[0]), conv_output_size(W, Kw, stride[1]))
         positions = B * grid[0] * grid[1]
         x_cl = x.permute(0, 2, 3, 1).contiguous()  # (B, H, W, C); free if x is channels-last
         w_rows = weight.permute(0, 2, 3, 1).reshape(O, Kh * Kw * C)  # free if channels-last

@@ -11,6 +11,7 @@ import math
 import torch
 from torch import nn
 
+from capsnet.config import conv_output_size
 from capsnet.layers.gemm_conv import GemmConv2d
 from capsnet.routing import Routed
 from capsnet.routing.em import FINAL_LAMBDA, EMRouter
@@ -53,7 +54,7 @@ class PrimaryMatrixCaps(nn.Module):
 
 def window_children(grid: int, kernel: int, stride: int, types: int) -> torch.Tensor:
     """Global child index of every window slot: (G'^2, kernel^2 types)."""
-    out = (grid - kernel) // stride + 1
+    out = conv_output_size(grid, kernel, stride)
     start = torch.arange(out) * stride  # (G',) first row (column) of each window
     offset = torch.arange(kernel)  # (k,)
     rows = (start[:, None] + offset[None, :])  # (G', k) the rows each window covers
@@ -73,7 +74,7 @@ class ConvMatrixCaps(nn.Module):
                  iterations: int = 3, final_lambda: float = FINAL_LAMBDA):
         super().__init__()
         self.in_types, self.out_types, self.grid = in_types, out_types, grid
-        self.out_grid = (grid - kernel) // stride + 1
+        self.out_grid = conv_output_size(grid, kernel, stride)
         K = kernel * kernel * in_types
         self.W = nn.Parameter(W_INIT_STD * torch.randn(K, out_types, POSE_SIDE, POSE_SIDE))
         self.router = EMRouter(out_types, iterations, final_lambda)
