@@ -188,7 +188,7 @@ def test_the_router_is_registered_learns_its_priors_and_stays_float32():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         routed = router(u_hat.detach().bfloat16())
     assert routed.poses.dtype == routed.couplings[0].dtype == torch.float32
-    with pytest.raises(ValueError, match="no convolutional"):
+    with pytest.raises(ValueError, match="fully connected capsule layers only"):
         router(u_hat, children=torch.zeros(10, 16, dtype=torch.long), num_children=16)
 
 
