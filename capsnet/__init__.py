@@ -26,8 +26,8 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("CapsNetConfig", "CNNConfig", "EfficientCapsNetConfig", "EMCapsNetConfig",
                      "make_config", "MatrixCapsuleOutput"), "capsnet.models"),
     # by name, with trained weights
-    **dict.fromkeys(("create_model", "list_models"), "capsnet.pretrained"),
-    **dict.fromkeys(("load_pretrained", "pretrained_names"), "capsnet.pretrained"),
+    **dict.fromkeys(("create_model", "list_models", "load_pretrained", "pretrained_names"),
+                    "capsnet.pretrained"),
     "load_model": "capsnet.checkpoint",
     # layers
     "squash": "capsnet.squashing",
