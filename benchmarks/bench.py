@@ -40,7 +40,7 @@ import torch
 
 from capsnet.devices import pick_device, synchronize, tune_backends
 from capsnet.layers.gemm_conv import CONV_IMPLS
-from capsnet.models.precision import PRECISIONS
+from capsnet.models.base import PRECISIONS
 from capsnet.tuning import (
     SpeedPlan,
     apply_plan,

@@ -26,15 +26,14 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("CapsNetConfig", "CNNConfig", "EfficientCapsNetConfig", "EMCapsNetConfig",
                      "make_config", "MatrixCapsuleOutput"), "capsnet.models"),
     # by name, with trained weights
-    **dict.fromkeys(("create_model", "list_models"), "capsnet.hub"),
-    **dict.fromkeys(("load_pretrained", "pretrained_names"), "capsnet.pretrained"),
+    **dict.fromkeys(("create_model", "list_models", "load_pretrained", "pretrained_names"),
+                    "capsnet.pretrained"),
     "load_model": "capsnet.checkpoint",
     # layers
     "squash": "capsnet.squashing",
-    **dict.fromkeys(("PrimaryCaps", "DigitCaps", "Decoder"), "capsnet.layers"),
+    **dict.fromkeys(("PrimaryCaps", "DigitCaps", "LazyDigitCaps", "Decoder"), "capsnet.layers"),
     **dict.fromkeys(("Router", "Routed", "DynamicRouter", "EMRouter", "InvertedAttentionRouter",
                      "SelfAttentionRouter"), "capsnet.routing"),
-    "LazyDigitCaps": "capsnet.layers.digit_caps",
     # losses
     **dict.fromkeys(("margin_loss", "reconstruction_loss", "capsule_loss", "spread_loss",
                      "model_loss"), "capsnet.losses"),

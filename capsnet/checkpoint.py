@@ -27,7 +27,6 @@ WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "capsnet-mnist.safetensors"
 
 COPY_CHUNK = 1 << 24  # bytes per read when copying a checkpoint
-COPY_CHUNK = 1 << 24  # bytes per read when copying a checkpoint
 ModelSource = None | str | os.PathLike | nn.Module
 
 
@@ -75,7 +74,9 @@ def save_weights(state_dict: dict, model: str, config: dict, path: str | os.Path
 
 def load_model(source: ModelSource = None, device: Any = "cpu") -> nn.Module:
     """A model in eval mode on ``device``: None the shipped CapsNet, a path a checkpoint or
-    weights file, a module as it is."""
+    weights file (read in float32), a module as it is."""
+    from safetensors.torch import load_file
+
     if isinstance(source, nn.Module):
         return source.to(device).eval()
     if source is None:
@@ -83,9 +84,14 @@ def load_model(source: ModelSource = None, device: Any = "cpu") -> nn.Module:
             raise CheckpointError("no trained model ships with this installation; "
                                   "pass a checkpoint written by `capsnet train`")
         source = DEFAULT_WEIGHTS
-    if Path(source).suffix == WEIGHTS_SUFFIX:
-        return _model_from_weights(Path(source), device)
-    return model_from_checkpoint(source, map_location=device)
+    path = Path(source)
+    if path.suffix != WEIGHTS_SUFFIX:
+        return model_from_checkpoint(path, map_location=device)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such weights file")
+    meta = weights_info(path)
+    state = {k: v.float() for k, v in load_file(str(path)).items()}
+    return _build_and_load(meta["model"], meta["config"], state, f"{path}: ").to(device).eval()
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
@@ -110,21 +116,15 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
     return payload
 
 
-def model_from_checkpoint(path_or_payload, map_location: Any = "cpu",
-                          expected_model: str | None = None) -> nn.Module:
+def model_from_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> nn.Module:
     """Rebuild a checkpoint's model with its weights (eval mode) on ``map_location``; the
     file is mapped on the CPU and only the weights are read."""
-    from_file = not isinstance(path_or_payload, dict)
-    payload = load_checkpoint(path_or_payload, "cpu", mmap=True) if from_file else path_or_payload
-    where = f"{path_or_payload}: " if from_file else ""
+    payload = load_checkpoint(path, "cpu", mmap=True)
     name = payload["model"]
-    if expected_model is not None and name != expected_model:
-        raise CheckpointError(f"{where}checkpoint holds a {name!r} model, "
-                              f"expected {expected_model!r}")
     if "state_dict" not in payload or "config" not in payload:
-        raise CheckpointError(f"{where}checkpoint does not match the {name} model: it holds no "
+        raise CheckpointError(f"{path}: checkpoint does not match the {name} model: it holds no "
                               f"{'state_dict' if 'config' in payload else 'config'}")
-    model = _build_and_load(name, payload["config"], payload["state_dict"], where)
+    model = _build_and_load(name, payload["config"], payload["state_dict"], f"{path}: ")
     return model.to(map_location if isinstance(map_location, (str, torch.device)) else "cpu").eval()
 
 
@@ -141,17 +141,6 @@ def weights_info(path: str | os.PathLike = DEFAULT_WEIGHTS) -> dict:
         raise CheckpointError(f"{path}: not a capsnet weights file")
     return {"model": meta["model"], "config": json.loads(meta["config"]),
             "info": json.loads(meta.get("info", "{}"))}
-
-
-def _model_from_weights(path: Path, device: Any) -> nn.Module:
-    """Rebuild a model from a safetensors weights file, in float32, in eval mode."""
-    from safetensors.torch import load_file
-
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such weights file")
-    meta = weights_info(path)
-    state = {k: v.float() for k, v in load_file(str(path)).items()}
-    return _build_and_load(meta["model"], meta["config"], state, f"{path}: ").to(device).eval()
 
 
 def _build_and_load(name: str, config: dict, state_dict: dict, where: str) -> nn.Module:

@@ -1,21 +1,22 @@
-"""What every model config shares: numbers only; a leaf that imports nothing from the package.
-The common fields live once in :class:`DataConfig`; each model's config subclasses it in its
-own file and derives every size from a few numbers."""
+"""What every model config shares, and its classes by name; a leaf that imports nothing from
+the package. The common fields live once in :class:`DataConfig`; each model's config
+subclasses it in its own file and derives every size from a few numbers."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-INPUT_NORMS = ("none", "image")  # capsnet.layers.input_norm
+INPUT_NORMS = ("none", "image")  # capsnet.layers.InputNorm
 
 
 class ConfigError(ValueError):
     """An option a model does not have, or a combination it cannot honour (names the choices)."""
 
 
-def conv_output_size(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:
-    """Spatial size after a convolution (floor division, as in ``nn.Conv2d``)."""
-    return (size + 2 * padding - kernel) // stride + 1
+def conv_output_size(size: int, kernel: int, stride: int = 1) -> int:
+    """Spatial size after an unpadded convolution (floor division, as in ``nn.Conv2d``)."""
+    return (size - kernel) // stride + 1
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class NormalisedDataConfig(DataConfig):
     """A model that can standardise its input images."""
 
     # How images meet Conv1: 'none' (the paper's pixels in [0, 1]) or 'image' (each image
-    # standardised; capsnet.layers.input_norm). Chosen by the data (capsnet.data.model_view).
+    # standardised; capsnet.layers.InputNorm). Chosen by the data (capsnet.data.model_view).
     input_norm: str = "none"
 
 
@@ -83,20 +84,31 @@ def config_to_dict(config) -> dict:
     return dataclasses.asdict(config)
 
 
-def field_names(config_class) -> list[str]:
-    """The options of a config class, in declaration order."""
-    return [f.name for f in dataclasses.fields(config_class)]
+def class_names(config) -> list[str]:
+    """The classes' names in index order: the config's, else "0", "1", ..."""
+    return list(config.class_names) or [str(i) for i in range(config.num_classes)]
 
 
-def field_defaults(config_class) -> dict:
-    """Every option of a config class with its default."""
-    return {f.name: f.default for f in dataclasses.fields(config_class)}
+def label_of(config, index: int) -> str:
+    """How class ``index`` is named in text: "7" for digits named by their index, else the
+    name with the index, "Sneaker (7)"."""
+    return indexed_name(class_names(config), index)
 
 
-def check_known(model: str, config_class, keys) -> None:
-    """ConfigError naming the unknown keys and the valid ones, if any key is not an option."""
-    known = field_names(config_class)
-    unknown = sorted(set(keys) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown option {', '.join(map(repr, unknown))} for {model}; "
-                          f"choose from {', '.join(known)}")
+def indexed_name(names: Sequence[str], index: int) -> str:
+    """names[index], followed by " (index)" unless the name is the index itself."""
+    name = names[index]
+    return name if name == str(index) else f"{name} ({index})"
+
+
+def class_index(config, text: str) -> int:
+    """A class named on the command line, by index ("7") or by name ("Sneaker"), -> its
+    index; ValueError naming the classes when there is no such class."""
+    names = class_names(config)
+    if text in names:
+        return names.index(text)
+    if text.lstrip("-").isdigit() and 0 <= int(text) < len(names):
+        return int(text)
+    named = any(name != str(j) for j, name in enumerate(names))
+    listed = f" ({', '.join(f'{j}={n}' for j, n in enumerate(names))})" if named else ""
+    raise ValueError(f"no class {text!r}: the model's classes are 0..{len(names) - 1}{listed}")

@@ -17,8 +17,7 @@ from torch import nn
 
 from capsnet.atomic import atomic_path
 from capsnet.checkpoint import WEIGHTS_SUFFIX, load_checkpoint, load_model, save_weights
-from capsnet.classes import class_names
-from capsnet.config import config_to_dict
+from capsnet.config import class_names, config_to_dict
 from capsnet.models import CapsuleOutput, class_scores, entry_of
 
 FORMATS = ("onnx", "torchscript")
@@ -46,70 +45,49 @@ class InferenceModel(nn.Module):
         return scores, out.reconstructions  # (B, J), (B, C, H, W)
 
 
-def output_names(model: nn.Module) -> list[str]:
-    """Names of the exported outputs, in order."""
-    scores = entry_of(model.config).scores
-    return [scores, "reconstructions"] if getattr(model, "decoder", None) else [scores]
-
-
 def describe(model: nn.Module) -> dict:
     """What is stored with an exported file: model, config, input, outputs, class names."""
     cfg = model.config
+    scores = entry_of(cfg).scores
     return {"format": "capsnet-export", "model": entry_of(cfg).name,
             "config": config_to_dict(cfg), "input": INPUT_NAME,
             "input_shape": [BATCH_AXIS, cfg.in_channels, cfg.image_size, cfg.image_size],
-            "input_range": [0.0, 1.0], "outputs": output_names(model),
+            "input_range": [0.0, 1.0],
+            "outputs": [scores, "reconstructions"] if getattr(model, "decoder", None) else [scores],
             "class_names": class_names(cfg), "dataset": cfg.dataset}
 
 
-def example_input(model: nn.Module, batch: int = EXAMPLE_BATCH) -> torch.Tensor:
-    """Random images (batch, C, H, W) in [0, 1] matching the model's configuration."""
-    cfg = model.config
-    generator = torch.Generator().manual_seed(0)
-    return torch.rand(batch, cfg.in_channels, cfg.image_size, cfg.image_size, generator=generator)
-
-
 def export_model(model: nn.Module, path: str | os.PathLike, fmt: str) -> Path:
-    """Write a frozen CPU copy of ``model`` as ``fmt`` (onnx or torchscript); returns the path."""
+    """Write a frozen CPU copy of ``model`` as ``fmt`` (onnx or torchscript); returns the path.
+    ONNX by the TorchScript-based exporter (dynamo=False), TorchScript by ``torch.jit.trace``
+    (the routing has a fixed number of iterations, so the trace is whole)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose from {list(FORMATS)}")
     model = copy.deepcopy(model).to("cpu").eval().requires_grad_(False)
-    wrapper, example = InferenceModel(model), example_input(model)
-    opset = entry_of(model.config).onnx_opset or ONNX_OPSET
-    with torch.no_grad(), atomic_path(path) as tmp:
-        if fmt == "onnx":
-            _export_onnx(wrapper, example, tmp, describe(model), opset)
-        else:
-            _export_torchscript(wrapper, example, tmp, describe(model))
+    cfg, info = model.config, describe(model)
+    example = torch.rand(EXAMPLE_BATCH, cfg.in_channels, cfg.image_size, cfg.image_size,
+                         generator=torch.Generator().manual_seed(0))  # (B, C, H, W) in [0, 1]
+    wrapper = InferenceModel(model)
+    with torch.no_grad(), atomic_path(path) as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's and torch.jit's deprecation notes
+        if fmt == "torchscript":
+            torch.jit.save(torch.jit.trace(wrapper, (example,)), str(tmp),
+                           _extra_files={METADATA_FILE: json.dumps(info)})
+            return Path(path)
+        try:
+            import onnx
+        except ImportError:
+            raise ValueError("ONNX export needs the 'onnx' package (pip install onnx)") from None
+        axes = {name: {0: BATCH_AXIS} for name in [INPUT_NAME, *info["outputs"]]}
+        torch.onnx.export(wrapper, (example,), str(tmp), dynamo=False,
+                          opset_version=entry_of(cfg).onnx_opset or ONNX_OPSET,
+                          input_names=[INPUT_NAME], output_names=info["outputs"],
+                          dynamic_axes=axes)
+        proto = onnx.load(str(tmp))
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = METADATA_FILE, json.dumps(info)
+        onnx.save(proto, str(tmp))
     return Path(path)
-
-
-def _export_onnx(wrapper: InferenceModel, example: torch.Tensor, path: Path, info: dict,
-                 opset: int = ONNX_OPSET) -> None:
-    """The TorchScript-based exporter (dynamo=False), the batch dimension dynamic."""
-    try:
-        import onnx
-    except ImportError:
-        raise ValueError("ONNX export needs the 'onnx' package (pip install onnx)") from None
-    names = info["outputs"]
-    axes = {name: {0: BATCH_AXIS} for name in [INPUT_NAME, *names]}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the legacy exporter's deprecation and tracer notes
-        torch.onnx.export(wrapper, (example,), str(path), dynamo=False, opset_version=opset,
-                          input_names=[INPUT_NAME], output_names=names, dynamic_axes=axes)
-    proto = onnx.load(str(path))
-    entry = proto.metadata_props.add()
-    entry.key, entry.value = METADATA_FILE, json.dumps(info)
-    onnx.save(proto, str(path))
-
-
-def _export_torchscript(wrapper: InferenceModel, example: torch.Tensor, path: Path,
-                        info: dict) -> None:
-    """torch.jit.trace: the routing has a fixed number of iterations, so the trace is whole."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch 2.13 marks torch.jit deprecated
-        traced = torch.jit.trace(wrapper, (example,))
-        torch.jit.save(traced, str(path), _extra_files={METADATA_FILE: json.dumps(info)})
 
 
 def export_weights(checkpoint: str | os.PathLike, out_path: str | os.PathLike,
@@ -120,32 +98,22 @@ def export_weights(checkpoint: str | os.PathLike, out_path: str | os.PathLike,
                         dtype, info)
 
 
-def export_run_weights(checkpoint: str | os.PathLike,
-                       path: str | os.PathLike | None = None) -> Path:
-    """float16 safetensors weights of a checkpoint with its run's headline results; ``path``
-    None writes best.pt -> best.safetensors."""
-    checkpoint = Path(checkpoint)
-    results = checkpoint.parent / "results.json"
-    info = json.loads(results.read_text()) if results.is_file() else {}
-    for key in ("final", "best"):  # keep the headline numbers, drop the confusion matrices
-        if isinstance(info.get(key), dict):
-            info[key] = {k: info[key][k] for k in ("accuracy", "error") if k in info[key]}
-    return export_weights(checkpoint, path or checkpoint.with_suffix(WEIGHTS_SUFFIX), info=info)
-
-
 def export_checkpoint(source: str | os.PathLike, path: str | os.PathLike | None,
                       fmt: str) -> Path:
-    """Export a checkpoint or weights file as ``fmt`` (or 'safetensors'); ``path`` None writes
-    beside the source."""
+    """Export a checkpoint or weights file as ``fmt``; ``path`` None writes beside the source.
+    'safetensors': float16 weights with the run's headline results (best.pt -> best.safetensors)."""
+    source = Path(source)
     if fmt == "safetensors":
-        return export_run_weights(source, path)
+        results = source.parent / "results.json"
+        info = json.loads(results.read_text()) if results.is_file() else {}
+        for key in ("final", "best"):  # keep the headline numbers, drop the confusion matrices
+            if isinstance(info.get(key), dict):
+                info[key] = {k: info[key][k] for k in ("accuracy", "error") if k in info[key]}
+        return export_weights(source, path or source.with_suffix(WEIGHTS_SUFFIX), info=info)
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose from {list(FORMATS)}")
     model = load_model(source, device="cpu")
-    if path is None:
-        source = Path(source)
-        path = source.with_name(source.stem + SUFFIXES[fmt])
-    return export_model(model, path, fmt)
+    return export_model(model, path or source.with_name(source.stem + SUFFIXES[fmt]), fmt)
 
 
 def read_description(path: str | os.PathLike) -> dict[str, Any]:

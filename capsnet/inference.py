@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from capsnet.checkpoint import ModelSource, load_model
-from capsnet.classes import class_names
+from capsnet.config import class_names
 from capsnet.data.image_dataset import CHANNEL_COUNTS, PIXEL_MAX, display_images, to_model_input
 from capsnet.models import CapsuleOutput, MatrixCapsuleOutput, class_scores
 from capsnet.preprocess import ImageSource, PreprocessError, prepare_for_model
@@ -75,16 +75,9 @@ def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def as_image_tensor(images: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """uint8 images as a tensor: a tensor stays where it is, anything else goes to the CPU."""
-    if isinstance(images, torch.Tensor):
-        return images
-    return torch.as_tensor(np.asarray(images), dtype=torch.uint8)
-
-
 def image_batch(images: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
     """uint8 images (N, H, W) or (N, C, H, W) -> float model input (N, C, H, W) on ``device``."""
-    return to_model_input(as_image_tensor(images).to(device=device, dtype=torch.uint8))
+    return to_model_input(torch.as_tensor(images).to(device=device, dtype=torch.uint8))
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -104,7 +97,7 @@ def run_model(model: nn.Module, images: np.ndarray | torch.Tensor,
     model.eval()
     device = model_device(model)
     scores, poses, recons = [], [], []
-    for chunk in as_image_tensor(images).split(batch_size):
+    for chunk in torch.as_tensor(images).split(batch_size):
         out = model(image_batch(chunk, device))
         scores.append(class_scores(out).float())  # (b, J)
         if isinstance(out, CapsuleOutput | MatrixCapsuleOutput):
@@ -165,25 +158,20 @@ def split_batch(images: Any) -> tuple[list, bool]:
 
 
 def prepare_one(source: ImageSource | torch.Tensor, config) -> np.ndarray:
-    """One image -> uint8 (C, H, W): a tensor as model input, anything else as an own image."""
-    if isinstance(source, torch.Tensor):
-        return tensor_image(source, config)
+    """One image -> uint8 (C, H, W): a tensor (C, H, W), float in [0, 1] or uint8, as model
+    input; anything else as an own image (:func:`capsnet.preprocess.prepare_for_model`)."""
     if isinstance(source, np.ndarray) and source.ndim == 3 and source.shape[-1] == 1:
         source = source[..., 0]  # (H, W, 1) -> (H, W)
-    return prepare_for_model(source, config)
-
-
-def tensor_image(image: torch.Tensor, config) -> np.ndarray:
-    """A model-input tensor (C, H, W), float in [0, 1] or uint8 -> uint8 (C, H, W)."""
+    if not isinstance(source, torch.Tensor):
+        return prepare_for_model(source, config)
     expected = (config.in_channels, config.image_size, config.image_size)
-    if tuple(image.shape) != expected:
+    if tuple(source.shape) != expected:
         raise PreprocessError(f"expected a tensor (C, H, W) = {expected} for this model, or a "
                               f"batch (B, {', '.join(map(str, expected))}); got shape "
-                              f"{tuple(image.shape)}")
-    if image.dtype == torch.uint8:
-        return image.cpu().numpy()
-    pixels = (image.detach().float().clamp(0, 1) * PIXEL_MAX).round()  # (C, H, W)
-    return pixels.to(torch.uint8).cpu().numpy()
+                              f"{tuple(source.shape)}")
+    if source.dtype != torch.uint8:
+        source = (source.detach().float().clamp(0, 1) * PIXEL_MAX).round().to(torch.uint8)
+    return source.cpu().numpy()  # (C, H, W)
 
 
 def predict(images: ImageSource | torch.Tensor | Sequence[ImageSource | torch.Tensor],

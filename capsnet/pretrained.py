@@ -1,10 +1,12 @@
-"""Pretrained weights, offline and SHA-256-verified: one table row per trained model.
+"""Models by one name, as timm names them, fresh or with trained weights.
 
-    >>> model = load_pretrained("capsnet")  # the paper CapsNet
+    >>> model = create_model("em-small", routing_iterations=2)  # fresh, options checked
+    >>> model = create_model("capsnet", pretrained=True)  # trained: load_pretrained("capsnet")
 
-A weights file (safetensors, carrying its model's name and config) is read from the
-package (``capsnet/weights/``) or the user cache (``<cache dir>/weights``); nothing is
-downloaded."""
+A name is a registered model (the paper's sizes) or MODEL-PRESET ('capsnet-small'). Trained
+weights are one table row per model: a safetensors file (carrying its model's name and
+config), SHA-256-verified, read from the package (``capsnet/weights/``) or the user cache
+(``<cache dir>/weights``); nothing is downloaded."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +15,9 @@ from pathlib import Path
 from torch import nn
 
 from capsnet.checkpoint import WEIGHTS_DIR, load_model
+from capsnet.config import ConfigError
 from capsnet.data.sources import default_cache_dir, file_digest
+from capsnet.models import MODELS, PAPER, build_model, make_config
 
 CACHE_SUBDIR = "weights"
 
@@ -71,7 +75,10 @@ def cache_dir() -> Path:
 
 def weights_path(name: str) -> Path:
     """``name``'s weights file: in the package, else in :func:`cache_dir` (else the package's)."""
-    entry = _entry(name)
+    if name not in PRETRAINED:
+        raise PretrainedError(f"no pretrained weights named {name!r}; choose from "
+                              f"{', '.join(pretrained_names())}")
+    entry = PRETRAINED[name]
     for folder in (WEIGHTS_DIR, cache_dir()):
         if (folder / entry.file).is_file():
             return folder / entry.file
@@ -83,9 +90,11 @@ def file_sha256(path: str | Path) -> str:
     return file_digest(path, "sha256", decompress=False)
 
 
-def verified_weights(name: str) -> Path:
-    """``name``'s weights file after its SHA-256 is checked; PretrainedError otherwise."""
-    entry, path = _entry(name), weights_path(name)
+def load_pretrained(name: str, device: str = "cpu") -> nn.Module:
+    """The trained model ``name`` (:func:`pretrained_names`) in eval mode on ``device``, its
+    file's SHA-256 checked first; PretrainedError otherwise."""
+    path = weights_path(name)
+    entry = PRETRAINED[name]
     if not path.is_file():
         raise PretrainedError(f"{entry.file}: the {name!r} weights are neither in the package "
                               f"({WEIGHTS_DIR}) nor in {cache_dir()}; put the file there "
@@ -95,16 +104,26 @@ def verified_weights(name: str) -> Path:
         raise PretrainedError(f"{path}: SHA-256 {found[:12]}... is not the expected "
                               f"{entry.sha256[:12]}...; the file is damaged or another "
                               f"model's: replace it with the {name!r} weights (or reinstall)")
-    return path
+    return load_model(path, device)
 
 
-def load_pretrained(name: str, device: str = "cpu") -> nn.Module:
-    """The trained model ``name`` (:func:`pretrained_names`) in eval mode on ``device``."""
-    return load_model(verified_weights(name), device)
+def list_models(pretrained: bool | None = None) -> list[str]:
+    """The names :func:`create_model` takes (with ``pretrained``: those with trained weights)."""
+    if pretrained:
+        return pretrained_names()
+    return sorted(name if preset == PAPER else f"{name}-{preset}"
+                  for name, entry in MODELS.items() for preset in entry.presets)
 
 
-def _entry(name: str) -> Pretrained:
-    if name not in PRETRAINED:
-        raise PretrainedError(f"no pretrained weights named {name!r}; choose from "
-                              f"{', '.join(pretrained_names())}")
-    return PRETRAINED[name]
+def create_model(name: str, pretrained: bool = False, **overrides) -> nn.Module:
+    """A model by :func:`list_models` name: fresh with checked config ``overrides``, or trained."""
+    if pretrained:
+        if overrides:
+            raise ConfigError(f"a pretrained model takes no config overrides "
+                              f"(given: {', '.join(overrides)})")
+        return load_pretrained(name)
+    model, _, preset = name.partition("-")  # 'em-small' -> ('em', 'small')
+    preset = preset or PAPER
+    if model not in MODELS or preset not in MODELS[model].presets:
+        raise ConfigError(f"unknown model name {name!r}; choose from {', '.join(list_models())}")
+    return build_model(make_config(model, preset, **overrides))

@@ -4,12 +4,10 @@
     >>> trace.couplings.shape  # (B, R, J, I): each iteration's couplings
     >>> trace.coupling_maps().shape  # (B, R, J, G, G): mean over the capsule types
 
-The trace follows the routing into the class capsules: CapsNet's primary capsules ->
-DigitCaps (any router), Efficient-CapsNet's primary -> class capsules, the EM model's
-ConvCaps2 -> class capsules. It runs the model's own ``forward_routing`` under no_grad, so
-``v``, ``scores`` and couplings are the model's; the registry entry's ``routing_view`` says
-where the children sit. Children are type-major for CapsNet, position-major otherwise;
-``on_grid`` undoes either to (types, G, G)."""
+The trace follows the routing into the class capsules (CapsNet's from its primary capsules
+with any router, Efficient-CapsNet's from its primary capsules, the EM model's from
+ConvCaps2) by the model's own ``forward_routing`` under no_grad; the registry entry's
+``routing_view`` says where the children sit, ``on_grid`` lays them out (types, G, G)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,10 +17,7 @@ from torch import nn
 
 from capsnet.data.image_dataset import to_model_input
 from capsnet.models import entry_of, unwrap
-from capsnet.models.entry import POSITION_MAJOR, TYPE_MAJOR, Children
-
-__all__ = ["POSITION_MAJOR", "TYPE_MAJOR", "Children", "RoutingTrace", "has_routing",
-           "receptive_fields", "routing_trace"]
+from capsnet.models.base import Children
 
 
 @dataclass(frozen=True)
@@ -133,8 +128,7 @@ def routing_trace(model: nn.Module, images: torch.Tensor) -> RoutingTrace:
     if x.dtype == torch.uint8:
         x = to_model_input(x)  # (B, C, H, W) in [0, 1]
     step = model.forward_routing(x)
-    votes, activations, routed = step.votes, step.activations, step.routed
-    router = step.router
+    votes, activations, routed, router = step.votes, step.activations, step.routed, step.router
     with torch.autocast(device_type=device.type, enabled=False):
         agreements = router.agreements(votes, activations)  # R x (B, J, I), or None
     norms = torch.linalg.vector_norm(votes, dim=-1).float()  # (B, J, I)

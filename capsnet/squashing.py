@@ -17,16 +17,9 @@ def full_precision(t: torch.Tensor) -> torch.Tensor:
 
 
 def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """v = |s|^2 / (1 + |s|^2) * s / |s|, along ``dim``.
-
-    The vector is first divided by its largest absolute entry, so no square overflows
-    even for entries near the float32 limit, and the length factor avoids both
-    cancellation for short vectors and inf/inf for huge ones.
-    Because the result is identical for any positive rescaling constant, the
-    rescaling is detached and the gradient is exact.
-
-    Input: any shape (..., D, ...). Output: same shape, length along ``dim`` in [0, 1).
-    """
+    """v = |s|^2 / (1 + |s|^2) * s / |s| along ``dim``, same shape, lengths in [0, 1); the
+    vector is scaled by its largest entry first (detached: the result does not depend on it),
+    so that no square overflows."""
     scale = s.detach().abs().amax(dim=dim, keepdim=True).clamp_min(torch.finfo(s.dtype).tiny)
     t = s / scale  # entries in [-1, 1]
     t_norm = torch.sqrt(t.pow(2).sum(dim=dim, keepdim=True) + SQUASH_EPS)
@@ -47,11 +40,6 @@ def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
 SERIES_ERROR_DENOMINATOR = 720
 
 
-def short_length(dtype: torch.dtype) -> float:
-    """The length below which :func:`exp_squash` uses the series, for ``dtype``."""
-    return (SERIES_ERROR_DENOMINATOR * torch.finfo(dtype).eps) ** (1 / 6)
-
-
 def exp_squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """v = (1 - e^-|s|) s / |s| along ``dim``, same shape, lengths in [0, 1); long vectors
     scaled by their largest entry first, short ones by a Taylor series, so no NaN gradient."""
@@ -59,7 +47,7 @@ def exp_squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
     t = s / scale  # entries in [-1, 1], the largest is +-1 unless s == 0
     t_norm = torch.linalg.vector_norm(t, dim=dim, keepdim=True)  # in [1, sqrt(D)] or 0
     n = scale * t_norm  # |s|, inf only for entries near the float limit
-    short = n < short_length(s.dtype)
+    short = n < (SERIES_ERROR_DENOMINATOR * torch.finfo(s.dtype).eps) ** (1 / 6)
     n_short = n.masked_fill(~short, 0)
     series = 1 - n_short / 2 * (1 - n_short / 3 * (1 - n_short / 4 * (1 - n_short / 5)))
     direction = t / t_norm.masked_fill(short, 1)  # s / |s| for the long vectors

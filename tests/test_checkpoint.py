@@ -34,9 +34,9 @@ def saved(tmp_path):
     return path, model
 
 
-def one_line_error(path, **kwargs) -> str:
+def one_line_error(path) -> str:
     with pytest.raises(CheckpointError) as info:
-        model_from_checkpoint(path, **kwargs)
+        model_from_checkpoint(path)
     message = str(info.value)
     assert "\n" not in message
     return message
@@ -165,14 +165,6 @@ def test_unknown_model_name(saved):
     payload["model"] = "transformer"
     torch.save(payload, path)
     assert "unknown model 'transformer'" in one_line_error(path)
-
-
-def test_cnn_checkpoint_where_a_capsnet_is_expected(tmp_path):
-    path = tmp_path / "cnn.pt"
-    save_checkpoint(path, small("cnn"))
-    message = one_line_error(path, expected_model="capsnet")
-    assert "'cnn'" in message and "expected 'capsnet'" in message and "cnn.pt" in message
-    assert isinstance(model_from_checkpoint(path, expected_model="cnn"), nn.Module)
 
 
 def test_weights_of_a_different_size_config(saved):

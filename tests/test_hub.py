@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from capsnet.config import ConfigError
-from capsnet.hub import create_model, list_models
 from capsnet.models import CapsNet, CNNBaseline, EMCapsNet, make_config
+from capsnet.pretrained import create_model, list_models
 
 
 def test_list_models_names_every_preset_of_every_model():

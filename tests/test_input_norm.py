@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from capsnet.data.model_view import conv1_stride_for, input_norm_for
-from capsnet.layers.input_norm import InputNorm, standardise_images
+from capsnet.layers.primary_caps import InputNorm, standardise_images
 from capsnet.models import CapsNetConfig, build_model, make_config
 from capsnet.training import TrainSettings, fit
 from capsnet.training.settings import DEFAULT_VAL_SIZE, validation_size

@@ -16,7 +16,7 @@ from capsnet.export import export_model, read_description
 from capsnet.inference import predict_prepared
 from capsnet.layers import DigitCaps, squash
 from capsnet.models import MODELS, CapsuleOutput, make_config
-from capsnet.models.entry import TYPE_MAJOR, Children, ClassRouting, ModelEntry
+from capsnet.models.base import TYPE_MAJOR, Children, ClassRouting, ModelEntry
 from capsnet.routing import DynamicRouter
 from capsnet.routing_trace import routing_trace
 from tests.conftest import make_fake_digits
@@ -49,9 +49,11 @@ class ToyCapsNet(nn.Module):
         votes, routed = self.class_caps.route(u)  # (B, J, I, D), Routed
         return ClassRouting(u, votes, None, routed, self.class_caps.router)
 
+    def forward_head(self, routing: ClassRouting, labels=None) -> CapsuleOutput:
+        return CapsuleOutput(routing.routed.activations, routing.routed.poses, None)
+
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
-        routed = self.forward_routing(x).routed
-        return CapsuleOutput(routed.activations, routed.poses, None)
+        return self.forward_head(self.forward_routing(x), labels)
 
 
 def toy_view(config: ToyConfig) -> Children:

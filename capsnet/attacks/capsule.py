@@ -4,10 +4,9 @@ reconstructive attack on reconstruction-based detectors (Qin et al., ICLR 2020).
 The vote attack replaces the routing by the mean of the primary capsules' votes u_hat,
 squashed, as the surrogate output: its gradient does not pass through the routing
 iterations, which can hide (mask) the gradient of the true output. The votes come from the
-model's own ``forward_routing``, read during the model's own forward, so any router works
-unchanged. The detection-aware vote
-attack adds the reconstructive term (its reconstruction is the real model's, as the
-detector sees it)."""
+model's own forward (``forward_routing``, then ``forward_head``), so any router works
+unchanged. The detection-aware vote attack adds the reconstructive term (its reconstruction
+is the real model's, as the detector sees it)."""
 from __future__ import annotations
 
 import torch
@@ -21,24 +20,14 @@ RECONSTRUCTIVE_WEIGHT = 0.05  # per unit of summed squared pixel error (lengths 
 
 def primary_votes(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, object]:
     """The votes u_hat (B, J, I, D) of the primary capsules of x (B, C, H, W) and the
-    model's output, from one forward of the model: its ``forward_routing`` (the part of the
-    forward up to the class capsules, which ``forward`` calls) is watched for its votes."""
-    seen = {}
-    forward_routing = model.forward_routing
-
-    def watched(images: torch.Tensor):
-        seen["routing"] = forward_routing(images)
-        return seen["routing"]
-
-    model.forward_routing = watched  # an instance attribute: the model's forward calls it
-    try:
-        output = model(x)
-    finally:
-        del model.forward_routing
+    model's output, from one forward of the model: its ``forward_routing`` (up to the class
+    capsules), then its ``forward_head``."""
+    routing = model.forward_routing(x)
+    output = model.forward_head(routing)
     if isinstance(output, MatrixCapsuleOutput):
         raise ValueError("the vote attack needs vector capsules; EM's matrix capsules have "
                          "activations, not lengths")
-    return seen["routing"].votes, output  # (B, J, I, D) float32
+    return routing.votes, output  # (B, J, I, D) float32
 
 
 def vote_output(model: nn.Module, x: torch.Tensor) -> CapsuleOutput:
@@ -59,7 +48,7 @@ class VoteSurrogate:
     """x -> :func:`vote_output` of ``model``: the ``surrogate`` of an Objective."""
 
     def __init__(self, model: nn.Module):
-        if not hasattr(model, "forward_routing"):  # fail early, with the reason
+        if not hasattr(model, "forward_head"):  # fail early, with the reason
             raise ValueError(f"the vote attack needs a capsule model (capsnet with any "
                              f"router, or efficient); {type(model).__name__} has no class "
                              f"capsules")

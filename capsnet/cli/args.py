@@ -18,9 +18,9 @@ from capsnet.data.sources import DataNotFoundError
 from capsnet.devices import pick_device, tune_backends
 from capsnet.extras import MissingExtraError
 from capsnet.layers.gemm_conv import CONV_IMPLS
+from capsnet.models import MODELS, has_option, preset_names
+from capsnet.models.base import PRECISIONS
 from capsnet.models.cnn_baseline import CNN_DECODERS
-from capsnet.models.precision import PRECISIONS
-from capsnet.models.registry import MODELS, has_option, preset_names
 from capsnet.routing import capsnet_routers
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.recipes import RECIPES, SCHEDULES, default_lr, recipe_for
@@ -37,7 +37,7 @@ from capsnet.tuning.memory import MemoryExceeded
 USER_ERRORS = (IDXError, DataNotFoundError, CheckpointError, FolderDatasetError,
                NonFiniteLossError, MemoryExceeded, MissingExtraError, FileNotFoundError, ValueError)
 DEFAULTS = TrainSettings()
-# The model config options (capsnet.models.registry) that flags set, and their flags.
+# The model config options (capsnet.models) that flags set, and their flags.
 MODEL_OPTION_FLAGS = {"routing": "--routing", "routing_iterations": "--routing-iterations",
                       "input_norm": "--input-norm", "conv1_stride": "--conv1-stride",
                       "decoder": "--cnn-decoder"}

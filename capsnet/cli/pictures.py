@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from capsnet import inference
-from capsnet.classes import class_index, class_names, label_of
 from capsnet.cli import args as cli_args
 from capsnet.cli.predict import expand_inputs, read_named, shown_name
+from capsnet.config import class_index, class_names, label_of
 from capsnet.data.image_dataset import display_images
 from capsnet.routing_trace import RoutingTrace, routing_trace
 from capsnet.training.metrics_log import read_metrics

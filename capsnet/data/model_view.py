@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import os
 
-from capsnet.classes import class_names
-from capsnet.config import INPUT_NORMS, conv_output_size
+from capsnet.config import INPUT_NORMS, class_names, conv_output_size
 from capsnet.data.datasets import FOLDER, load_dataset, load_split
 from capsnet.data.image_dataset import GREY_NDIM, ImageDataset
 from capsnet.data.transforms import center_crop, place_on_canvas

@@ -18,7 +18,7 @@ from capsnet.experiments import SEED_STRIDE, TEST_SEED
 from capsnet.inference import require_decoder
 from capsnet.losses import RECONSTRUCTION_WEIGHT, margin_loss, reconstruction_loss
 from capsnet.models import unwrap
-from capsnet.models.precision import autocast_to
+from capsnet.models.base import autocast_to
 from capsnet.training import distributed
 from capsnet.training.distributed import World
 from capsnet.training.fit import data_overrides, protocol_data

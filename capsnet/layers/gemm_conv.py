@@ -1,41 +1,29 @@
 """A valid convolution computed as matrix products over channels-last patches (CPU path).
 
-PrimaryCaps' convolution (256 -> 256 channels, 9x9, stride 2, a 6x6 output grid) holds
-almost all of CapsNet's arithmetic. oneDNN's direct convolution runs it at 30-45% of this
-CPU's matmul rate, its backward pass being the slow part. Unrolled one kernel row at a time,
-the same convolution is three large matrix products per row (forward, weight gradient,
-input gradient) that run at close to the matmul rate:
+PrimaryCaps' convolution holds almost all of CapsNet's arithmetic, and oneDNN's direct
+convolution (its backward above all) runs well below the CPU's matmul rate. Unrolled one
+kernel row at a time, the same convolution is three large matrix products per row:
 
     patches  (B*Gh*Gw, Kw*C)   row ``r`` of every receptive field, copied from (B, H, W, C)
     out     += patches @ W_r   W_r: (Kw*C, O), the weights of kernel row ``r``
     dW_r     = patches^T @ dout
     dx[rows r + stride*i] += (dout @ W_r^T) scattered back column by column
 
-The copy is one kernel row of the im2col matrix (Kw*C wide instead of Kh*Kw*C), so the
-extra memory is 1/Kh of a full im2col. Narrow rows are grouped into wider chunks: Conv1's
-one-channel 9x9 kernel is unrolled whole (an 81-wide im2col), and its output comes out
-channels-last, the layout PrimaryCaps' patches are cut from. The results equal
-``F.conv2d`` to float rounding (tests/test_gemm_conv.py checks outputs and all gradients
-in float64).
-
-Under CPU bf16 autocast the same products run in bf16 (fp32 accumulation inside each
-product; the kernel rows' partial outputs and the scattered input gradient are summed in
-fp32). Which path a layer takes, this one, oneDNN's NCHW convolution ("native") or its
-channels-last one, is the layer's ``impl`` (on a CPU "gemm" unless chosen otherwise:
-:mod:`capsnet.tuning`). A backward pass that is itself differentiated (double backward,
-gradient penalties, ``torch.func.grad``) runs PyTorch's convolution backward instead.
-"""
+so the extra memory is 1/Kh of a full im2col; narrow rows (Conv1's one channel) are grouped
+into wider chunks. Under CPU bf16 autocast the products run in bf16 and their sums in fp32.
+A backward pass that is itself differentiated (double backward, ``torch.func.grad``) runs
+PyTorch's convolution backward instead. Results equal ``F.conv2d`` to float rounding."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from capsnet.config import conv_output_size
+
 # A chunk of kernel rows is at least this many columns wide: one row of PrimaryCaps' kernel
 # (9 x 256 = 2304) is a chunk of its own, Conv1's 1-channel rows (9 wide) are all unrolled.
 MIN_CHUNK_WIDTH = 256
 
-# The ways a GemmConv2d can run: the per-kernel-row matrix products of this module (CPU
-# only), PyTorch's convolution on NCHW tensors, or PyTorch's convolution on channels-last ones.
 CONV_IMPLS = ("gemm", "native", "channels_last")
 # Float types the products run in; anything narrower than float32 accumulates in float32.
 GEMM_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
@@ -85,19 +73,15 @@ def _in_layout_of(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
 
 
 class _RowGemmConv2d(torch.autograd.Function):
-    """conv2d(x, weight, bias, stride) with no padding, dilation 1 and one group; returns
-    (output, kept) where ``kept`` is the bf16 im2col matrix kept for the weight gradient
-    (``keep_columns``) or an empty tensor.
-
-    The backward pass is the per-row products below; when a graph of the backward is wanted
-    (double backward, gradient penalties, ``torch.func``) it is PyTorch's differentiable
-    convolution backward instead (:func:`_differentiable_grads`)."""
+    """conv2d(x, weight, bias, stride) with no padding, dilation 1 and one group -> (output,
+    kept): ``kept`` the bf16 im2col matrix kept for the weight gradient (``keep_columns``)
+    or an empty tensor."""
 
     @staticmethod
     def forward(x, weight, bias, stride, keep_columns):
         B, C, H, W = x.shape
         O, _, Kh, Kw = weight.shape
-        grid = ((H - Kh) // stride[0] + 1, (W - Kw) // stride[1] + 1)
+        grid = (conv_output_size(H, Kh, stride[0]), conv_output_size(W, Kw, stride[1]))
         positions = B * grid[0] * grid[1]
         x_cl = x.permute(0, 2, 3, 1).contiguous()  # (B, H, W, C); free if x is channels-last
         w_rows = weight.permute(0, 2, 3, 1).reshape(O, Kh * Kw * C)  # free if channels-last
@@ -222,19 +206,12 @@ def _row_gemm_grads(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
 
 
 class GemmConv2d(nn.Conv2d):
-    """``nn.Conv2d`` whose implementation is chosen per layer (``impl``, one of CONV_IMPLS):
-
-    - ``"gemm"``: per-kernel-row matrix products (see the module docstring), on the CPU in
-      float32/float64 and under bf16 autocast (zero padding, if any, is added first);
-    - ``"native"``: PyTorch's convolution on NCHW tensors (oneDNN on the CPU, cuDNN on GPUs);
-    - ``"channels_last"``: PyTorch's convolution on channels-last tensors.
-
-    Same parameters and ``state_dict`` as ``nn.Conv2d`` whatever the ``impl``; only the
-    weight's memory layout follows it. Where "gemm" cannot run (GPUs, torch.compile,
-    tracing for export) the layer runs PyTorch's convolution.
-
-    Input (B, C_in, H, W). Output (B, C_out, H', W'), channels-last strides on the "gemm"
-    and "channels_last" paths (a permuted view; ``.view`` of the channel dimension works)."""
+    """``nn.Conv2d`` (same parameters and ``state_dict``) whose implementation is chosen per
+    layer, ``impl`` in CONV_IMPLS: "gemm" the per-kernel-row products of this module (CPU,
+    float32/float64 or bf16 autocast; elsewhere, under torch.compile and when traced it runs
+    PyTorch's convolution), "native" PyTorch's on NCHW tensors, "channels_last" PyTorch's on
+    channels-last ones. (B, C_in, H, W) -> (B, C_out, H', W'), channels-last strides on the
+    "gemm" and "channels_last" paths."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
                  padding: int = 0, impl: str | None = None):

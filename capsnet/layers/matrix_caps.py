@@ -11,6 +11,7 @@ import math
 import torch
 from torch import nn
 
+from capsnet.config import conv_output_size
 from capsnet.layers.gemm_conv import GemmConv2d
 from capsnet.routing import Routed
 from capsnet.routing.em import FINAL_LAMBDA, EMRouter
@@ -53,7 +54,7 @@ class PrimaryMatrixCaps(nn.Module):
 
 def window_children(grid: int, kernel: int, stride: int, types: int) -> torch.Tensor:
     """Global child index of every window slot: (G'^2, kernel^2 types)."""
-    out = (grid - kernel) // stride + 1
+    out = conv_output_size(grid, kernel, stride)
     start = torch.arange(out) * stride  # (G',) first row (column) of each window
     offset = torch.arange(kernel)  # (k,)
     rows = (start[:, None] + offset[None, :])  # (G', k) the rows each window covers
@@ -73,7 +74,7 @@ class ConvMatrixCaps(nn.Module):
                  iterations: int = 3, final_lambda: float = FINAL_LAMBDA):
         super().__init__()
         self.in_types, self.out_types, self.grid = in_types, out_types, grid
-        self.out_grid = (grid - kernel) // stride + 1
+        self.out_grid = conv_output_size(grid, kernel, stride)
         K = kernel * kernel * in_types
         self.W = nn.Parameter(W_INIT_STD * torch.randn(K, out_types, POSE_SIDE, POSE_SIDE))
         self.router = EMRouter(out_types, iterations, final_lambda)
@@ -96,17 +97,14 @@ class ConvMatrixCaps(nn.Module):
         V = torch.einsum("bpkxy,kcyz->bpckxz", M, self.W)  # (B, P, T_out, K, 4, 4)
         return V.reshape(B, -1, self.windows.shape[1], POSE_SIZE)  # (B, J, K, 16)
 
-    def route(self, poses: torch.Tensor, activations: torch.Tensor) -> Routed:
-        with torch.autocast(device_type=poses.device.type, enabled=False):
-            poses, activations = full_precision(poses), full_precision(activations)
-            V = self.votes(poses)  # (B, J, K, 16)
-            a = activations.reshape(activations.shape[0], self.num_children)  # (B, N)
-            return self.router(V, a, self.slot_children, self.num_children)
-
     def forward(self, poses: torch.Tensor,
                 activations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, G = poses.shape[0], self.out_grid
-        routed = self.route(poses, activations)
+        with torch.autocast(device_type=poses.device.type, enabled=False):
+            poses, activations = full_precision(poses), full_precision(activations)
+            V = self.votes(poses)  # (B, J, K, 16)
+            a = activations.reshape(B, self.num_children)  # (B, N)
+            routed = self.router(V, a, self.slot_children, self.num_children)
         return (routed.poses.reshape(B, G, G, self.out_types, POSE_SIZE),  # (B, G', G', T, 16)
                 routed.activations.reshape(B, G, G, self.out_types))  # (B, G', G', T)
 
@@ -114,7 +112,7 @@ class ConvMatrixCaps(nn.Module):
 class ClassCapsules(nn.Module):
     """One capsule per class from every capsule of the last convolutional layer, one
     transformation per (child type, class), with Coordinate Addition of ``coordinates`` (G,).
-    (B, G, G, T, 16), (B, G, G, T) -> poses (B, classes, 16), activations (B, classes)."""
+    (B, G, G, T, 16), (B, G, G, T) -> votes, activations and their :class:`Routed`."""
 
     def __init__(self, in_types: int, num_classes: int, coordinates: tuple[float, ...],
                  iterations: int = 3, final_lambda: float = FINAL_LAMBDA):
@@ -137,16 +135,12 @@ class ClassCapsules(nn.Module):
         V = V.reshape(B, -1, G * G, T, POSE_SIZE) + self.offsets[:, None, :]  # (B, J, P, T, 16)
         return V.reshape(B, V.shape[1], G * G * T, POSE_SIZE)  # (B, 10, 144, 16)
 
-    def route(self, poses: torch.Tensor,
-              activations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Routed]:
-        """The votes (B, J, I, 16), the children's activations (B, I) and their routing."""
+    def forward(self, poses: torch.Tensor,
+                activations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Routed]:
+        """The votes (B, J, I, 16), the children's activations (B, I) and their routing:
+        poses (B, classes, 16), activations (B, classes)."""
         with torch.autocast(device_type=poses.device.type, enabled=False):
             poses, activations = full_precision(poses), full_precision(activations)
             V = self.votes(poses)  # (B, J, I, 16)
             a = activations.reshape(activations.shape[0], -1)  # (B, I)
             return V, a, self.router(V, a)
-
-    def forward(self, poses: torch.Tensor,
-                activations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        routed = self.route(poses, activations)[2]
-        return routed.poses, routed.activations  # (B, classes, 16), (B, classes)

@@ -1,14 +1,47 @@
-"""PrimaryCaps: a convolution whose output channels are grouped into capsules."""
+"""The layers before the class capsules: how images meet the first convolution
+(:class:`InputNorm`) and the primary capsules, a convolution whose output channels are
+grouped into capsules (CapsNet's :class:`PrimaryCaps`, Efficient-CapsNet's
+:class:`DepthwisePrimaryCaps`)."""
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 
-from capsnet.config import conv_output_size
+from capsnet.config import INPUT_NORMS, conv_output_size
 from capsnet.layers.gemm_conv import GemmConv2d
-from capsnet.squashing import full_precision, squash
+from capsnet.squashing import exp_squash, full_precision, squash
 
 FEATURE_MAP_NDIM = 4  # (B, C, H, W)
+
+
+def standardise_images(x: torch.Tensor) -> torch.Tensor:
+    """x (B, C, H, W) -> (B, C, H, W): per-channel mean zero, overall unit variance per image
+    (the standard deviation floored at 1/sqrt(C*H*W), as tf.image.per_image_standardization)."""
+    B, C, H, W = x.shape
+    centred = x - x.mean(dim=(2, 3), keepdim=True)  # (B, C, H, W)
+    spread = centred.flatten(1).std(dim=1, unbiased=False)  # (B,)
+    floor = 1.0 / math.sqrt(C * H * W)
+    return centred / spread.clamp_min(floor).view(B, 1, 1, 1)
+
+
+class InputNorm(nn.Module):
+    """Images as they are (``mode`` 'none', the paper) or each standardised ('image',
+    :func:`standardise_images`), so that a dense coloured ground does not saturate every
+    primary capsule alike. No parameters. (B, C, H, W) -> (B, C, H, W)."""
+
+    def __init__(self, mode: str = "none"):
+        super().__init__()
+        if mode not in INPUT_NORMS:
+            raise ValueError(f"unknown input_norm {mode!r}; choose from {', '.join(INPUT_NORMS)}")
+        self.mode = mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return standardise_images(x) if self.mode == "image" else x
+
+    def extra_repr(self) -> str:
+        return f"mode={self.mode!r}"
 
 
 class PrimaryCaps(nn.Module):
@@ -53,3 +86,23 @@ class PrimaryCaps(nn.Module):
         u = u.permute(0, 1, 3, 4, 2)  # (B, 32, 6, 6, 8)
         u = u.reshape(B, self.types * rows * columns, self.dim)  # (B, 1152, 8)
         return squash(full_precision(u))
+
+
+class DepthwisePrimaryCaps(nn.Module):
+    """Efficient-CapsNet's primary capsules (Mazzia et al. 2021, "Primary capsules"; the
+    authors' utils/layers.py, class ``PrimaryCaps``): a ``kernel`` x ``kernel`` depthwise
+    convolution (valid, stride 1) cut into capsules of ``dim`` channels, :func:`exp_squash`ed
+    in float32. (B, C, H, W) -> (B, H' * W' * C / dim, dim), position-major as their Reshape."""
+
+    def __init__(self, channels: int, dim: int, kernel: int):
+        super().__init__()
+        if channels % dim:
+            raise ValueError(f"{channels} channels do not make capsules of {dim} dimensions")
+        self.dim = dim
+        self.conv = nn.Conv2d(channels, channels, kernel, groups=channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B = x.shape[0]
+        out = self.conv(x)  # (B, 128, 1, 1)
+        u = out.permute(0, 2, 3, 1).reshape(B, -1, self.dim)  # (B, 16, 8)
+        return exp_squash(full_precision(u))

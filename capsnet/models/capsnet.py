@@ -10,8 +10,7 @@ from torch import nn
 
 from capsnet.config import ConfigError, NormalisedDataConfig, conv_output_size, stack_fields
 from capsnet.layers import Decoder, DigitCaps, GemmConv2d, InputNorm, PrimaryCaps, full_precision
-from capsnet.models.entry import TYPE_MAJOR, Children, ClassRouting, ModelEntry
-from capsnet.models.precision import autocast_to
+from capsnet.models.base import TYPE_MAJOR, Children, ClassRouting, ModelEntry, autocast_to
 from capsnet.routing import capsnet_routers, router_class
 
 
@@ -57,9 +56,14 @@ class CapsNetConfig(NormalisedDataConfig):
             raise ValueError("routing_iterations must be at least 1")
 
     @property
+    def layers(self) -> tuple[tuple[int, int], ...]:
+        """(kernel, stride) of Conv1 and PrimaryCaps."""
+        return (self.conv1_kernel, self.conv1_stride), (self.primary_kernel, self.primary_stride)
+
+    @property
     def smallest_image_size(self) -> int:
-        """The smallest input side with a 1x1 primary grid (17 for the paper's kernels)."""
-        return self.conv1_kernel + (self.primary_kernel - 1) * self.conv1_stride
+        """The smallest input side with a 1x1 primary grid: one primary capsule's field (17)."""
+        return stack_fields(self.layers, 1)[1]
 
     @property
     def conv1_grid(self) -> int:
@@ -116,15 +120,19 @@ class CapsNet(nn.Module):
         u_hat, routed = self.digit_caps.route(u)  # (B, 10, 1152, 16), Routed
         return ClassRouting(u, u_hat, None, routed, self.digit_caps.router)
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
-        routed = self.forward_routing(x).routed
-        v, lengths = routed.poses, routed.activations  # (B, 10, 16), (B, 10) float32
+    def forward_head(self, routing: ClassRouting,
+                     labels: torch.Tensor | None = None) -> CapsuleOutput:
+        """The routed class capsules, and the decoder's image of the one ``labels`` names."""
+        v, lengths = routing.routed.poses, routing.routed.activations  # (B, 10, 16), (B, 10)
         reconstructions = None
         if self.decoder is not None:
-            with autocast_to(x.device, self.compute_dtype):
+            with autocast_to(v.device, self.compute_dtype):
                 keep = labels if labels is not None else lengths.argmax(dim=-1)  # (B,)
                 reconstructions = full_precision(self.decoder(v, keep))  # (B, 1, 28, 28)
         return CapsuleOutput(lengths, v, reconstructions)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
+        return self.forward_head(self.forward_routing(x), labels)
 
 
 # CapsNet's options that only some routers take: the option -> the router's argument.
@@ -149,10 +157,8 @@ def check_routing(values: dict, given: set[str]) -> None:
 
 def routing_view(config: CapsNetConfig) -> Children:
     """The primary capsules, type-major i = (type, row, column), and their receptive fields."""
-    layers = ((config.conv1_kernel, config.conv1_stride),
-              (config.primary_kernel, config.primary_stride))
     return Children(config.primary_types, config.primary_grid, TYPE_MAJOR,
-                    *stack_fields(layers, config.primary_grid), "primary", "length")
+                    *stack_fields(config.layers, config.primary_grid), "primary", "length")
 
 
 # The narrow sizes for tests and quick CPU runs.

@@ -9,8 +9,7 @@ from torch import nn
 
 from capsnet.config import DataConfig
 from capsnet.layers import Decoder, GemmConv2d, full_precision
-from capsnet.models.entry import ModelEntry
-from capsnet.models.precision import autocast_to
+from capsnet.models.base import ModelEntry, autocast_to
 
 CNN_DECODERS = ("none", "plain", "class-conditional")
 

@@ -11,11 +11,9 @@ import torch
 from torch import nn
 
 from capsnet.config import DataConfig, conv_output_size, stack_fields
-from capsnet.layers import Decoder, GemmConv2d, full_precision
-from capsnet.layers.depthwise_primary_caps import DepthwisePrimaryCaps
+from capsnet.layers import Decoder, DepthwisePrimaryCaps, GemmConv2d, full_precision
+from capsnet.models.base import POSITION_MAJOR, Children, ClassRouting, ModelEntry, autocast_to
 from capsnet.models.capsnet import SMALL, CapsNet
-from capsnet.models.entry import POSITION_MAJOR, Children, ClassRouting, ModelEntry
-from capsnet.models.precision import autocast_to
 from capsnet.routing import SelfAttentionRouter
 
 # Keras' BatchNormalization defaults: moving averages kept at 0.99 per step (PyTorch's
@@ -178,7 +176,8 @@ class EfficientCapsNet(nn.Module):
         u_hat, routed = self.class_caps.route(u)  # (B, 10, 16, 16), Routed
         return ClassRouting(u, u_hat, None, routed, self.class_caps.router)
 
-    forward = CapsNet.forward  # the same: class capsules, then the decoder of the masked poses
+    # as CapsNet's: the class capsules, then the decoder of the masked poses
+    forward_head, forward = CapsNet.forward_head, CapsNet.forward
 
 
 def routing_view(config: EfficientCapsNetConfig) -> Children:

@@ -11,8 +11,7 @@ from torch import nn
 from capsnet.config import NormalisedDataConfig, conv_output_size, stack_fields
 from capsnet.layers import GemmConv2d, InputNorm
 from capsnet.layers.matrix_caps import ClassCapsules, ConvMatrixCaps, PrimaryMatrixCaps
-from capsnet.models.entry import POSITION_MAJOR, Children, ClassRouting, ModelEntry
-from capsnet.models.precision import autocast_to
+from capsnet.models.base import POSITION_MAJOR, Children, ClassRouting, ModelEntry, autocast_to
 
 
 @dataclass(frozen=True)
@@ -67,11 +66,8 @@ class EMCapsNetConfig(NormalisedDataConfig):
 
     @property
     def smallest_image_size(self) -> int:
-        """The smallest input side with a 1x1 ConvCaps2 grid."""
-        size = 1
-        for kernel, stride in reversed(self.layers):
-            size = (size - 1) * stride + kernel
-        return size
+        """The smallest input side with a 1x1 ConvCaps2 grid: one ConvCaps2 capsule's field."""
+        return stack_fields(self.layers, 1)[1]
 
     @property
     def class_coordinates(self) -> tuple[float, ...]:
@@ -136,13 +132,17 @@ class EMCapsNet(nn.Module):
             poses, a = self.primary_caps(h)  # (B, 12, 12, 32, 16), (B, 12, 12, 32) float32
             poses, a = self.conv_caps1(poses, a)  # (B, 5, 5, 32, 16), (B, 5, 5, 32)
             poses, a = self.conv_caps2(poses, a)  # (B, 3, 3, 32, 16), (B, 3, 3, 32)
-        votes, a, routed = self.class_caps.route(poses, a)  # (B, 10, 288, 16), (B, 288)
+        votes, a, routed = self.class_caps(poses, a)  # (B, 10, 288, 16), (B, 288)
         return ClassRouting(a, votes, a, routed, self.class_caps.router)
+
+    def forward_head(self, routing: ClassRouting,
+                     labels: torch.Tensor | None = None) -> MatrixCapsuleOutput:
+        routed = routing.routed
+        return MatrixCapsuleOutput(routed.activations, routed.poses)  # (B, 10), (B, 10, 16)
 
     def forward(self, x: torch.Tensor,
                 labels: torch.Tensor | None = None) -> MatrixCapsuleOutput:
-        routed = self.forward_routing(x).routed
-        return MatrixCapsuleOutput(routed.activations, routed.poses)  # (B, 10), (B, 10, 16)
+        return self.forward_head(self.forward_routing(x))
 
 
 def routing_view(config: EMCapsNetConfig) -> Children:

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from capsnet.routing.base import Routed, Router
+from capsnet.routing.base import Routed, Router, fully_connected_only
 from capsnet.squashing import exp_squash, full_precision
 
 
@@ -50,9 +50,7 @@ class SelfAttentionRouter(Router):
     def forward(self, u_hat: torch.Tensor, activations: torch.Tensor | None = None,
                 children: torch.Tensor | None = None,
                 num_children: int | None = None) -> Routed:
-        if children is not None:
-            raise ValueError("self-attention routing connects every child to every parent; "
-                             "it has no convolutional (windowed) form")
+        fully_connected_only(self, children)
         with torch.autocast(device_type=u_hat.device.type, enabled=False):
             u_hat = full_precision(u_hat)  # (B, J, I, D)
             c = self_attention_couplings(u_hat)  # (B, J, I)

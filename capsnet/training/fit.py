@@ -22,7 +22,7 @@ from capsnet.data.image_dataset import (
 )
 from capsnet.data.model_view import conv1_stride_for, input_norm_for
 from capsnet.data.transforms import center_crop
-from capsnet.models.registry import PRESET_CROPS, make_config
+from capsnet.models import PRESET_CROPS, make_config
 from capsnet.training import distributed
 from capsnet.training.distributed import World
 from capsnet.training.loop import StepOptions, evaluate, predict_scores, train_one_epoch

@@ -9,8 +9,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import ExponentialLR, LRScheduler
 
-from capsnet.models import build_model, entry_of, unwrap
-from capsnet.models.registry import has_option, make_config
+from capsnet.models import build_model, entry_of, has_option, make_config, unwrap
 from capsnet.training.ema import WeightEMA
 from capsnet.training.schedules import make_scheduler, replan_length, step_schedule
 from capsnet.training.settings import TrainSettings

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from capsnet.models.registry import model_entry
+from capsnet.models import model_entry
 
 SCHEDULES = ("exp", "cosine", "onecycle")
 AUGMENTATIONS = ("shift", "efficient")  # capsnet.training.loop.augment

@@ -30,7 +30,7 @@ from capsnet.checkpoint import (
 from capsnet.config import config_to_dict
 from capsnet.devices import tune_backends
 from capsnet.models import unwrap
-from capsnet.models.precision import grad_scaler_for
+from capsnet.models.base import grad_scaler_for
 from capsnet.training import distributed
 from capsnet.training.distributed import World
 from capsnet.training.loop import NonFiniteLossError

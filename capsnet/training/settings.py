@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from capsnet.models.registry import check_options, has_option
+from capsnet.models import check_options, has_option
 from capsnet.training.recipes import AUGMENTATIONS, SCHEDULES, default_lr, recipe_for
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from capsnet.layers.gemm_conv import CONV_IMPLS, GemmConv2d
-from capsnet.models.precision import PRECISIONS, precision_name
+from capsnet.models.base import PRECISIONS, precision_name
 from capsnet.tuning.hardware import machine_description, native_bf16
 
 AUTO = "auto"

@@ -35,7 +35,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.serving import BaseWSGIServer
 from werkzeug.serving import make_server as werkzeug_make_server
 
-from capsnet.classes import class_names
+from capsnet.config import class_names
 from capsnet.data.model_view import is_digit_model
 from capsnet.inference import decode_pose, model_device, predict_prepared, to_uint8
 from capsnet.preprocess import ImageTooLargeError, PreprocessError, prepare_for_model

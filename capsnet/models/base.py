@@ -1,8 +1,14 @@
-"""What the registry knows of a model, declared in its file (config, presets, training
-defaults, routing view, export, data initialisation), and what a capsule model's forward
-hands to tools that look inside it: :class:`ClassRouting` and :class:`Children`."""
+"""What every model shares: its registry entry (:class:`ModelEntry`, declared in its file),
+what a capsule model's ``forward_routing`` hands to tools that look inside it
+(:class:`ClassRouting`, :class:`Children`), and the precision it runs in.
+
+A model carries its ``compute_dtype`` (None: float32) and runs its convolutions and decoder
+under :func:`autocast_to` that dtype; routing, squash and the losses stay in float32. fp16
+(GPUs without native bf16) trains with gradient scaling: its 5 exponent bits would flush
+small gradients to zero."""
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -11,6 +17,28 @@ import torch
 from torch import nn
 
 TYPE_MAJOR, POSITION_MAJOR = "type-major", "position-major"
+PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16,
+                                             "fp16": torch.float16}
+
+
+def precision_name(dtype: torch.dtype | None) -> str:
+    """'fp32', 'bf16' or 'fp16' for a compute dtype (None is float32)."""
+    return next(name for name, d in PRECISIONS.items() if d == dtype)
+
+
+def autocast_to(device: torch.device | str, dtype: torch.dtype | None):
+    """Autocast context for ``dtype`` on ``device``, or a no-op when dtype is None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
+def grad_scaler_for(device: torch.device | str, dtype: torch.dtype | None):
+    """A ``torch.amp.GradScaler`` for training in fp16 on ``device``; None for the other
+    precisions, which need none."""
+    if dtype != torch.float16:
+        return None
+    return torch.amp.GradScaler(torch.device(device).type)
 
 
 @dataclass(frozen=True)
