@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from capsnet.attacks.objectives import reconstruction_error
+from capsnet.attacks.objectives import EVAL_BATCH, reconstruction_error
 from capsnet.models import class_scores
 
 DETECTION_FPR = 0.05
@@ -24,13 +24,13 @@ MIN_CLASS_IMAGES = 20  # fewer validation images of a class: its threshold is th
 
 
 @torch.no_grad()
-def image_scores(model: nn.Module, x: torch.Tensor,
-                 batch_size: int = 250) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def image_scores(model: nn.Module,
+                 x: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """({detector: (N,) score}, (N,) predicted class) for images x (N, C, H, W) in [0, 1].
     The reconstruction detectors appear only for models with a decoder."""
     parts: dict[str, list[torch.Tensor]] = {}
     predictions = []
-    for xb in x.split(batch_size):
+    for xb in x.split(EVAL_BATCH):
         output = model(xb)
         scores = class_scores(output).float()  # (b, J)
         top2 = scores.topk(2, dim=-1).values  # (b, 2)

@@ -1,15 +1,6 @@
-"""What an attack maximises, for every model alike: three losses on the class scores (capsule
-lengths or activations, CNN logits), each (B,), larger = further from the labels:
-
-- ``margin``: the paper's margin loss (Sabour et al. 2017, Eq. 4; a CNN's lengths are its
-  softmax probabilities). Flat once the true length passes m+ = 0.9 and every other falls
-  below m- = 0.1, so an attack on it stalls on every confidently classified image;
-- ``cw``: the C&W margin (Carlini & Wagner 2017), best other score minus the true one's;
-  never flat; the default;
-- ``ce``: cross-entropy of the scores taken as logits.
-
-An :class:`Objective` turns a loss into what an attack climbs and judges its success.
-"""
+"""What an attack maximises, for every model alike: losses on the class scores (capsule
+lengths or activations, CNN logits), each (B,), larger = further from the labels; and the
+:class:`Objective` an attack climbs, which also judges its success."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,6 +16,7 @@ from capsnet.models import CapsuleOutput, MatrixCapsuleOutput, class_scores
 # (output, labels (B,)) -> (B,) per-example loss, larger = further from the labels.
 AttackLoss = Callable[[object, torch.Tensor], torch.Tensor]
 DEFAULT_LOSS = "cw"
+EVAL_BATCH = 250  # images per forward pass when only scores are needed
 
 
 def attack_scores(output) -> torch.Tensor:
@@ -35,7 +27,9 @@ def attack_scores(output) -> torch.Tensor:
 
 
 def margin_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
-    """The paper's margin loss per example on the class scores."""
+    """The paper's margin loss (Sabour et al. 2017, Eq. 4) per example (a CNN's lengths are
+    its softmax probabilities). Flat once the true length passes m+ = 0.9 and every other
+    falls below m- = 0.1: an attack on it stalls on every confidently classified image."""
     lengths = class_scores(output).float()  # (B, J)
     T = F.one_hot(labels, lengths.shape[-1]).to(lengths.dtype)  # (B, J)
     present = T * F.relu(M_PLUS - lengths).pow(2)
@@ -44,7 +38,8 @@ def margin_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
 
 
 def cw_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
-    """The best other class's score minus the true class's."""
+    """The C&W margin (Carlini & Wagner 2017): the best other class's score minus the true
+    class's; never flat, the default."""
     scores = attack_scores(output)  # (B, J)
     own = scores.gather(1, labels.unsqueeze(1)).squeeze(1)  # (B,)
     others = scores.masked_fill(F.one_hot(labels, scores.shape[-1]).bool(), float("-inf"))
@@ -52,7 +47,7 @@ def cw_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
 
 
 def ce_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of the scores as logits."""
+    """Cross-entropy of the scores taken as logits (for capsules: the lengths)."""
     return F.cross_entropy(attack_scores(output), labels, reduction="none")  # (B,)
 
 
@@ -91,9 +86,9 @@ def prepare_for_attack(model: nn.Module, full_routing_gradient: bool = True) -> 
 
 
 @torch.no_grad()
-def predict(model: nn.Module, x: torch.Tensor, batch_size: int = 250) -> torch.Tensor:
+def predict(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """(N,) predicted classes of images x (N, C, H, W) in [0, 1]."""
-    return torch.cat([class_scores(model(b)).argmax(-1) for b in x.split(batch_size)])
+    return torch.cat([class_scores(model(b)).argmax(-1) for b in x.split(EVAL_BATCH)])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -102,7 +102,7 @@ def run_grid(models: Sequence[tuple[str, nn.Module]], attacks: Sequence[str],
     source_label, source_model = source or (None, None)
     rows = []
     for label, model in models:
-        cache: dict = {}
+        minimal_norm_cache: dict = {}  # per batch: each minimal-norm attack's images
         for attack in attacks:
             for eps in eps_values:
                 path = row_file(out_dir, label, attack, eps, settings, len(y), source_label)
@@ -112,7 +112,7 @@ def run_grid(models: Sequence[tuple[str, nn.Module]], attacks: Sequence[str],
                     continue
                 row = attack_row(label, model, attack, eps, x, y, settings,
                                  (detectors or {}).get(label, ()), source_model, source_label,
-                                 cache.setdefault(attack, {}))
+                                 minimal_norm_cache)
                 write_json(row, path)
                 rows.append(row)
                 log(f"{label} {attack} eps {eps:g}: robust accuracy "
