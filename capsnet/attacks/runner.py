@@ -60,7 +60,8 @@ def attack_row(label: str, model: nn.Module, attack: str, eps: float, x: torch.T
         aims.append(aim)
     x_adv, aim = torch.cat(adversarial), torch.cat(aims)
     seconds = time.perf_counter() - start
-    clean_pred, adv_pred = predict(model, x), predict(model, x_adv)
+    clean_scores, clean_pred = image_scores(model, x)
+    adv_scores, adv_pred = image_scores(model, x_adv)
     attacked = clean_pred == y
     fooled = adv_pred == aim if settings.targeted else adv_pred != y
     success = attacked & fooled
@@ -76,8 +77,6 @@ def attack_row(label: str, model: nn.Module, attack: str, eps: float, x: torch.T
            "median_l2": float(delta[success].norm(dim=1).median()) if success.any() else None,
            "seconds": round(seconds, 2)}
     if detectors:
-        clean_scores, _ = image_scores(model, x)
-        adv_scores, _ = image_scores(model, x_adv)
         row["detection"] = {d.name: detection_metrics(d, (clean_scores[d.name], clean_pred),
                                                       (adv_scores[d.name], adv_pred),
                                                       attacked, fooled) for d in detectors}
