@@ -31,8 +31,8 @@ REFERENCE_QUERIES = 10_000
 
 
 def _norms(t: torch.Tensor) -> torch.Tensor:
-    """(B,) L2 norms of (B, ...) -> shaped (B, 1, 1, 1) to broadcast over images."""
-    return t.flatten(1).norm(dim=1).clamp_min(TINY).view(-1, *([1] * (t.dim() - 1)))
+    """The L2 norm of each of t (B, C, H, W), shaped (B, 1, 1, 1) to broadcast."""
+    return t.flatten(1).norm(dim=1).clamp_min(TINY).view(-1, 1, 1, 1)
 
 
 def project(delta: torch.Tensor, eps: float, norm: str) -> torch.Tensor:
@@ -51,7 +51,7 @@ def random_start(x: torch.Tensor, eps: float, norm: str,
         return (2 * u - 1) * eps
     direction = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
     radius = eps * torch.rand((len(x),), generator=generator, device=x.device, dtype=x.dtype)
-    return direction / _norms(direction) * radius.view(-1, *([1] * (x.dim() - 1)))
+    return direction / _norms(direction) * radius.view(-1, 1, 1, 1)
 
 
 def _one_run(objective: Objective, x: torch.Tensor, eps: float, norm: str, steps: int,
