@@ -8,7 +8,6 @@ import torch
 
 from capsnet.attacks import AttackSettings, Objective, attack_loss, predict, run_attack
 from capsnet.attacks.capsule import diagnosis, primary_votes, vote_output
-from capsnet.attacks.cw import cw_l2, within_radius
 from capsnet.attacks.detection import (
     DETECTION_FPR,
     auroc,
@@ -17,12 +16,10 @@ from capsnet.attacks.detection import (
     fit_detectors,
     image_scores,
 )
-from capsnet.attacks.gradient import fgsm, pgd, project
-from capsnet.attacks.objectives import ATTACK_LOSSES
+from capsnet.attacks.methods import cw_l2, pgd, project, square_linf, within_radius
+from capsnet.attacks.objectives import ATTACK_LOSSES, prepare_for_attack
 from capsnet.attacks.ood import CORRUPTIONS, ood_row
-from capsnet.attacks.sanity import sanity_checks
-from capsnet.attacks.square import square_linf
-from capsnet.attacks.threat import prepare_for_attack
+from capsnet.attacks.runner import sanity_checks
 from capsnet.models import CapsuleOutput, build_model, make_config
 from capsnet.routing import capsnet_routers
 from capsnet.squashing import squash
@@ -57,12 +54,13 @@ def test_margin_loss_is_flat_on_confident_outputs_and_cw_is_not():
     labels = torch.tensor([0])
     output = CapsuleOutput(lengths, torch.zeros(1, 3, 2), None)
     for name, flat in (("margin", True), ("cw", False), ("ce", False)):
-        grad, = torch.autograd.grad(attack_loss(name)(output, labels, False).sum(), lengths)
+        grad, = torch.autograd.grad(attack_loss(name)(output, labels).sum(), lengths)
         assert (grad.abs().sum() == 0) == flat, name
-    cw = attack_loss("cw")(output, labels, False)
+    cw = attack_loss("cw")(output, labels)
     assert torch.allclose(cw, torch.tensor([0.05 - 0.95]))
-    assert torch.allclose(attack_loss("cw")(output, torch.tensor([1]), True),
-                          torch.tensor([0.05 - 0.95]))
+    targeted, _ = Objective(lambda x: output, torch.tensor([1]), attack_loss("cw"),
+                            targeted=True)(torch.zeros(1))
+    assert torch.allclose(targeted, torch.tensor([0.05 - 0.95]))
 
 
 def test_unknown_loss_and_attack_name_the_choices(capsnet, data):
@@ -77,10 +75,10 @@ def test_unknown_loss_and_attack_name_the_choices(capsnet, data):
 def test_fgsm_is_one_signed_step_of_the_loss_gradient(cnn, data):
     x, y = data
     x_req = x.clone().requires_grad_(True)
-    loss = attack_loss("ce")(cnn(x_req), y, False).sum()
+    loss = attack_loss("ce")(cnn(x_req), y).sum()
     grad, = torch.autograd.grad(loss, x_req)
     expected = (x + 0.1 * grad.sign()).clamp(0, 1)
-    got = fgsm(Objective(cnn, y, attack_loss("ce")), x, 0.1)
+    got, _ = run_attack("fgsm", cnn, x, y, 0.1, AttackSettings(loss="ce"))
     assert torch.allclose(got, expected)
 
 
@@ -110,7 +108,7 @@ def test_margin_loss_stalls_where_cw_does_not(capsnet, data):
     """The paper's margin loss has zero gradient on confident images: PGD cannot move
     them from a zero start (no random start: BIM)."""
     x, y = data
-    confident = attack_loss("margin")(capsnet(x), y, False) == 0  # true > 0.9, others < 0.1
+    confident = attack_loss("margin")(capsnet(x), y) == 0  # true > 0.9, others < 0.1
     assert confident.any()
     stalled, _ = run_attack("bim", capsnet, x[confident], y[confident], 0.3,
                             AttackSettings(steps=5, loss="margin"))
@@ -246,9 +244,11 @@ def test_thresholds_flag_five_percent_of_validation_images():
     predictions = torch.arange(1000) % 10
     for name in ("reconstruction", "class-reconstruction"):
         detector = fit_detector(name, scores, predictions, 10)
-        share = float(detector.flags(scores, predictions).float().mean())
+        share = float((detector.normalised(scores, predictions) > 0).float().mean())
         assert share == pytest.approx(DETECTION_FPR, abs=0.01)
-    assert len(fit_detector("class-reconstruction", scores, predictions, 10).thresholds) == 10
+    per_class = fit_detector("class-reconstruction", scores, predictions, 10).thresholds
+    overall = fit_detector("reconstruction", scores, predictions, 10).thresholds
+    assert len(per_class.unique()) == 10 and len(overall.unique()) == 1
     with pytest.raises(ValueError, match="choose from reconstruction"):
         fit_detector("entropy", scores, predictions, 10)
 

@@ -1,19 +1,11 @@
-"""Detectors of adversarial (and out-of-distribution) images from a model's own output, and
-the scores that judge them.
-
-Scores per image, larger = more suspicious:
+"""Detectors of adversarial (and out-of-distribution) images from a model's own output,
+each a score per image (larger = more suspicious) and a threshold that flags DETECTION_FPR
+of the clean *validation* images (never the test images):
 
 - ``reconstruction``: the squared reconstruction error of the winning capsule (DARCCC,
-  Frosst, Sabour & Hinton 2018), one threshold;
-- ``class-reconstruction``: the same error against a threshold per predicted class;
-- ``length``: 1 - the highest class score (capsule length, or softmax probability);
-- ``margin``: minus the gap between the two highest class scores.
-
-Each detector's threshold flags DETECTION_FPR of the clean *validation* images (never the
-test images). Metrics (Qin et al. 2020): S_f, the share of attacked images (those the model
-got right) that the attack fooled; S_d, the share fooled and not flagged; the true-positive
-rate (flagged among the fooled) at the validation threshold; AUROC of clean test images
-against the fooled adversarial ones.
+  Frosst, Sabour & Hinton 2018); ``class-reconstruction``: the same, a threshold per
+  predicted class;
+- ``length``: 1 - the highest class score; ``margin``: minus the gap between the top two.
 """
 from __future__ import annotations
 
@@ -22,24 +14,23 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from capsnet.attacks.objectives import reconstruction_error
+from capsnet.attacks.objectives import EVAL_BATCH, reconstruction_error
 from capsnet.models import class_scores
 
 DETECTION_FPR = 0.05
 DETECTORS = ("reconstruction", "class-reconstruction", "length", "margin")
-RECONSTRUCTION_DETECTORS = ("reconstruction", "class-reconstruction")
 PER_CLASS = {"class-reconstruction"}
 MIN_CLASS_IMAGES = 20  # fewer validation images of a class: its threshold is the global one
 
 
 @torch.no_grad()
-def image_scores(model: nn.Module, x: torch.Tensor,
-                 batch_size: int = 250) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def image_scores(model: nn.Module,
+                 x: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """({detector: (N,) score}, (N,) predicted class) for images x (N, C, H, W) in [0, 1].
     The reconstruction detectors appear only for models with a decoder."""
     parts: dict[str, list[torch.Tensor]] = {}
     predictions = []
-    for xb in x.split(batch_size):
+    for xb in x.split(EVAL_BATCH):
         output = model(xb)
         scores = class_scores(output).float()  # (b, J)
         top2 = scores.topk(2, dim=-1).values  # (b, 2)
@@ -55,36 +46,37 @@ def image_scores(model: nn.Module, x: torch.Tensor,
 
 @dataclass
 class Detector:
-    """A score and its threshold(s): (J,) per predicted class, or one (shape (1,))."""
+    """A score and its threshold per predicted class (J,) (all equal for a global one)."""
 
     name: str
     thresholds: torch.Tensor
 
     def normalised(self, scores: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
         """(N,) scores minus the threshold that applies: > 0 means flagged."""
-        if len(self.thresholds) == 1:
-            return scores - self.thresholds[0]
         return scores - self.thresholds[predictions]
 
-    def flags(self, scores: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
-        return self.normalised(scores, predictions) > 0
 
-
-def fit_detector(name: str, scores: torch.Tensor, predictions: torch.Tensor, num_classes: int,
-                 fpr: float = DETECTION_FPR) -> Detector:
-    """The detector ``name`` whose threshold(s) flag a share ``fpr`` of the clean
+def fit_detector(name: str, scores: torch.Tensor, predictions: torch.Tensor,
+                 num_classes: int) -> Detector:
+    """The detector ``name`` whose threshold(s) flag a share DETECTION_FPR of the clean
     (validation) images with these scores (N,) and predictions (N,)."""
     if name not in DETECTORS:
         raise ValueError(f"unknown detector {name!r}; choose from {', '.join(DETECTORS)}")
-    overall = torch.quantile(scores.float(), 1 - fpr).reshape(1)
-    if name not in PER_CLASS:
-        return Detector(name, overall)
-    thresholds = overall.repeat(num_classes)
-    for j in range(num_classes):
-        own = scores[predictions == j]
-        if len(own) >= MIN_CLASS_IMAGES:
-            thresholds[j] = torch.quantile(own.float(), 1 - fpr)
+    thresholds = torch.quantile(scores.float(), 1 - DETECTION_FPR).repeat(num_classes)
+    if name in PER_CLASS:
+        for j in range(num_classes):
+            own = scores[predictions == j]
+            if len(own) >= MIN_CLASS_IMAGES:
+                thresholds[j] = torch.quantile(own.float(), 1 - DETECTION_FPR)
     return Detector(name, thresholds)
+
+
+def fit_detectors(model: nn.Module, validation: torch.Tensor) -> list[Detector]:
+    """Every detector the model supports, thresholds fit on clean validation images
+    (N, C, H, W) in [0, 1]."""
+    scores, predictions = image_scores(model, validation)
+    return [fit_detector(name, scores[name], predictions, model.config.num_classes)
+            for name in DETECTORS if name in scores]
 
 
 def auroc(negatives: torch.Tensor, positives: torch.Tensor) -> float:
@@ -101,9 +93,11 @@ def auroc(negatives: torch.Tensor, positives: torch.Tensor) -> float:
 def detection_metrics(detector: Detector, clean: tuple[torch.Tensor, torch.Tensor],
                       adversarial: tuple[torch.Tensor, torch.Tensor],
                       attacked: torch.Tensor, fooled: torch.Tensor) -> dict[str, float]:
-    """S_f, S_d, TPR and AUROC of ``detector``. ``clean`` and ``adversarial``: (scores (N,),
-    predictions (N,)) of the clean test images and their adversarial versions; ``attacked``
-    (N,) bool: the images the model got right; ``fooled`` (N,) bool: the attack fooled it."""
+    """The metrics of Qin et al. (2020): S_f, the share of attacked images (those the model
+    got right, ``attacked`` (N,) bool) that the attack fooled (``fooled`` (N,) bool); S_d,
+    the share fooled and not flagged; the true-positive rate (flagged among the fooled);
+    the clean test images flagged; AUROC of clean against fooled adversarial images.
+    ``clean``, ``adversarial``: (scores (N,), predictions (N,))."""
     clean_norm = detector.normalised(*clean)  # (N,)
     adv_norm = detector.normalised(*adversarial)  # (N,)
     success = attacked & fooled
@@ -114,12 +108,3 @@ def detection_metrics(detector: Detector, clean: tuple[torch.Tensor, torch.Tenso
             "tpr": float(flagged[success].float().mean()) if success.any() else float("nan"),
             "test_fpr": float((clean_norm[attacked] > 0).float().mean()),
             "auroc": auroc(clean_norm[attacked], adv_norm[success])}
-
-
-def fit_detectors(model: nn.Module, validation: torch.Tensor, fpr: float = DETECTION_FPR,
-                  names: tuple[str, ...] = DETECTORS) -> list[Detector]:
-    """Every detector of ``names`` the model supports, thresholds fit on clean validation
-    images (N, C, H, W) in [0, 1]."""
-    scores, predictions = image_scores(model, validation)
-    return [fit_detector(name, scores[name], predictions, model.config.num_classes, fpr)
-            for name in names if name in scores]

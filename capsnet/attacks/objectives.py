@@ -1,72 +1,54 @@
-"""What an attack maximises: per-example losses on a model's output, for every model alike.
-
-The class scores are the capsule lengths (activations) of a capsule model and the logits of
-a CNN. Three losses, each (B,) per example, larger = further from the true class
-(untargeted) or closer to the target class (targeted):
-
-- ``margin``: the paper's margin loss (Sabour et al. 2017, Eq. 4) on the lengths. It is
-  flat, with zero gradient, once the true length passes m+ = 0.9 and every other falls
-  below m- = 0.1, so an attack on it stalls on every confidently classified image.
-- ``cw``: the C&W margin (Carlini & Wagner 2017): the best other class's score minus the
-  true one's (targeted: the target's minus the best other's). Never flat; the default.
-- ``ce``: cross-entropy of the scores taken as logits (for capsules: the lengths).
-
-A CNN's "lengths" for ``margin`` are its softmax probabilities (:func:`capsnet.models.
-class_scores`), so every loss applies to every model.
-"""
+"""What an attack maximises, for every model alike: losses on the class scores (capsule
+lengths or activations, CNN logits), each (B,), larger = further from the labels; and the
+:class:`Objective` an attack climbs, which also judges its success."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from capsnet.losses import LAMBDA, M_MINUS, M_PLUS
 from capsnet.models import CapsuleOutput, MatrixCapsuleOutput, class_scores
 
-# (output, labels (B,), targeted) -> (B,) per-example loss to maximise.
-AttackLoss = Callable[[object, torch.Tensor, bool], torch.Tensor]
+# (output, labels (B,)) -> (B,) per-example loss, larger = further from the labels.
+AttackLoss = Callable[[object, torch.Tensor], torch.Tensor]
 DEFAULT_LOSS = "cw"
+EVAL_BATCH = 250  # images per forward pass when only scores are needed
 
 
 def attack_scores(output) -> torch.Tensor:
     """(B, J) float32 scores the attack losses read: capsule lengths or CNN logits."""
-    if isinstance(output, CapsuleOutput):
-        return output.lengths.float()
-    if isinstance(output, MatrixCapsuleOutput):
-        return output.activations.float()
+    if isinstance(output, CapsuleOutput | MatrixCapsuleOutput):
+        return class_scores(output).float()
     return getattr(output, "logits", output).float()  # CNN, with or without a decoder
 
 
-def margin_attack_loss(output, labels: torch.Tensor, targeted: bool) -> torch.Tensor:
-    """The paper's margin loss per example on the class scores; targeted: its negative for
-    the target class (descending it pulls the target up and the others down)."""
+def margin_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
+    """The paper's margin loss (Sabour et al. 2017, Eq. 4) per example (a CNN's lengths are
+    its softmax probabilities). Flat once the true length passes m+ = 0.9 and every other
+    falls below m- = 0.1: an attack on it stalls on every confidently classified image."""
     lengths = class_scores(output).float()  # (B, J)
     T = F.one_hot(labels, lengths.shape[-1]).to(lengths.dtype)  # (B, J)
     present = T * F.relu(M_PLUS - lengths).pow(2)
     absent = LAMBDA * (1 - T) * F.relu(lengths - M_MINUS).pow(2)
-    loss = (present + absent).sum(dim=-1)  # (B,)
-    return -loss if targeted else loss
+    return (present + absent).sum(dim=-1)  # (B,)
 
 
-def best_other(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """(B,) the highest score among the classes other than ``labels``. scores: (B, J)."""
-    others = scores.masked_fill(F.one_hot(labels, scores.shape[-1]).bool(), float("-inf"))
-    return others.amax(dim=-1)
-
-
-def cw_attack_loss(output, labels: torch.Tensor, targeted: bool) -> torch.Tensor:
-    """best other score - true score (targeted: target score - best other score)."""
+def cw_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
+    """The C&W margin (Carlini & Wagner 2017): the best other class's score minus the true
+    class's; never flat, the default."""
     scores = attack_scores(output)  # (B, J)
     own = scores.gather(1, labels.unsqueeze(1)).squeeze(1)  # (B,)
-    gap = best_other(scores, labels) - own
-    return -gap if targeted else gap
+    others = scores.masked_fill(F.one_hot(labels, scores.shape[-1]).bool(), float("-inf"))
+    return others.amax(dim=-1) - own  # (B,)
 
 
-def ce_attack_loss(output, labels: torch.Tensor, targeted: bool) -> torch.Tensor:
-    """Cross-entropy of the scores as logits; targeted: its negative for the target."""
-    loss = F.cross_entropy(attack_scores(output), labels, reduction="none")  # (B,)
-    return -loss if targeted else loss
+def ce_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the scores taken as logits (for capsules: the lengths)."""
+    return F.cross_entropy(attack_scores(output), labels, reduction="none")  # (B,)
 
 
 ATTACK_LOSSES: dict[str, AttackLoss] = {"cw": cw_attack_loss, "margin": margin_attack_loss,
@@ -87,3 +69,61 @@ def reconstruction_error(output, images: torch.Tensor) -> torch.Tensor:
         raise ValueError("the model has no reconstruction decoder; reconstruction scores and "
                          "the reconstructive attack need one")
     return (output.reconstructions.float() - images.float()).flatten(1).pow(2).sum(dim=-1)
+
+
+def prepare_for_attack(model: nn.Module, full_routing_gradient: bool = True) -> nn.Module:
+    """The same model in eval mode, float32 (no autocast), parameters frozen, and with
+    gradients through every routing iteration (training detaches the earlier ones', which
+    would hide part of the input gradient; ``full_routing_gradient`` False keeps that)."""
+    model.eval()
+    if hasattr(model, "compute_dtype"):
+        model.compute_dtype = None
+    model.requires_grad_(False)
+    for module in model.modules():
+        if hasattr(module, "full_graph"):
+            module.full_graph = full_routing_gradient
+    return model
+
+
+@torch.no_grad()
+def predict(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """(N,) predicted classes of images x (N, C, H, W) in [0, 1]."""
+    return torch.cat([class_scores(model(b)).argmax(-1) for b in x.split(EVAL_BATCH)])
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """Called on adversarial images (B, C, H, W), returns the loss to maximise (B,) and
+    whether each image fools ``model`` (B,) bool: classified other than ``labels``, or,
+    targeted, as ``labels`` (the targets, whose loss it descends). ``surrogate`` (x ->
+    output) gives the output the loss reads (the vote attack; default: the model's);
+    ``reconstruction_weight`` > 0 subtracts that multiple of the reconstruction error (the
+    reconstructive attack of Qin et al. 2020, against reconstruction-based detectors)."""
+
+    model: nn.Module
+    labels: torch.Tensor  # (B,)
+    loss: AttackLoss
+    targeted: bool = False
+    surrogate: Callable[[torch.Tensor], object] | None = None
+    reconstruction_weight: float = 0.0
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            if self.surrogate is None:
+                output = attacked = self.model(x)
+            else:
+                output = self.surrogate(x)
+                with torch.no_grad():
+                    attacked = self.model(x)
+            loss = self.loss(output, self.labels)  # (B,)
+            if self.targeted:
+                loss = -loss
+            if self.reconstruction_weight > 0:
+                loss = loss - self.reconstruction_weight * reconstruction_error(output, x)
+        predicted = class_scores(attacked).detach().argmax(-1)  # (B,)
+        fooled = predicted == self.labels if self.targeted else predicted != self.labels
+        return loss, fooled
+
+    def restricted(self, idx: torch.Tensor) -> Objective:
+        """The same objective for the examples ``idx`` (K,) of the batch."""
+        return dataclasses.replace(self, labels=self.labels[idx])

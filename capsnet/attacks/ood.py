@@ -42,23 +42,15 @@ CORRUPTIONS: dict[str, Callable[..., torch.Tensor]] = {
     "noise": gaussian_noise, "blur": gaussian_blur, "contrast": low_contrast}
 
 
-def ood_aurocs(detectors: list[Detector], clean: tuple[dict, torch.Tensor],
-               shifted: tuple[dict, torch.Tensor]) -> dict[str, float]:
-    """{detector: AUROC} of in-distribution (``clean``) against shifted images, each given
-    as (scores by detector name, predictions) from :func:`~capsnet.attacks.detection.
-    image_scores`."""
-    (clean_scores, clean_pred), (shifted_scores, shifted_pred) = clean, shifted
-    return {d.name: auroc(d.normalised(clean_scores[d.name], clean_pred),
-                          d.normalised(shifted_scores[d.name], shifted_pred))
-            for d in detectors}
-
-
 def ood_row(label: str, model, detectors: list[Detector], clean_images: torch.Tensor,
             shifted_name: str, shifted_images: torch.Tensor) -> dict:
     """One row: the AUROC of each detector of ``model`` separating clean test images
     (N, C, H, W) from ``shifted_images`` (M, C, H, W), both in [0, 1]."""
-    aurocs = ood_aurocs(detectors, image_scores(model, clean_images),
-                        image_scores(model, shifted_images))
+    clean_scores, clean_pred = image_scores(model, clean_images)
+    shifted_scores, shifted_pred = image_scores(model, shifted_images)
+    aurocs = {d.name: auroc(d.normalised(clean_scores[d.name], clean_pred),
+                            d.normalised(shifted_scores[d.name], shifted_pred))
+              for d in detectors}
     return {"model": label, "shift": shifted_name, "n_clean": len(clean_images),
             "n_shifted": len(shifted_images), "auroc": aurocs}
 

@@ -1,6 +1,5 @@
-"""Every attack by name, each as one function (objective, x, eps, settings, generator) ->
-adversarial images, and :func:`run_attack`, which builds the objective (white-box, vote
-surrogate, reconstructive, targeted, from a transfer source) and runs one of them."""
+"""Every attack by name and :func:`run_attack`, which builds its objective (white-box, vote
+surrogate, reconstructive, targeted, from a transfer source) and runs it."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -10,11 +9,16 @@ import torch
 from torch import nn
 
 from capsnet.attacks.capsule import RECONSTRUCTIVE_WEIGHT, VoteSurrogate
-from capsnet.attacks.cw import CW_SEARCH_STEPS, CW_STEPS, cw_l2, within_radius
-from capsnet.attacks.gradient import bim, fgsm, pgd
-from capsnet.attacks.objectives import DEFAULT_LOSS, attack_loss
-from capsnet.attacks.square import SQUARE_QUERIES, square_linf
-from capsnet.attacks.threat import Objective, random_targets
+from capsnet.attacks.methods import (
+    CW_SEARCH_STEPS,
+    CW_STEPS,
+    SQUARE_QUERIES,
+    cw_l2,
+    pgd,
+    square_linf,
+    within_radius,
+)
+from capsnet.attacks.objectives import DEFAULT_LOSS, Objective, attack_loss
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,8 @@ DEFAULT_SETTINGS = AttackSettings()
 
 @dataclass(frozen=True)
 class AttackSpec:
-    """An attack: its norm ('linf' or 'l2'), whether it reads the vote surrogate or the
-    reconstruction error, and the function that runs it."""
+    """An attack: its norm, the function (objective, x, eps, settings, generator) -> images
+    that runs it, and whether it reads the vote surrogate or the reconstruction error."""
 
     norm: str
     run: Callable[[Objective, torch.Tensor, float, AttackSettings, torch.Generator],
@@ -57,18 +61,24 @@ def _pgd(norm: str):
     return run
 
 
+def _fgsm(objective, x, eps, s, generator):
+    return pgd(objective, x, eps, steps=1, step_size=eps, random_init=False)
+
+
+def _bim(objective, x, eps, s, generator):
+    return pgd(objective, x, eps, s.steps, step_size=eps / s.steps, random_init=False)
+
+
 _pgd_linf = _pgd("linf")
 ATTACKS: dict[str, AttackSpec] = {
-    "fgsm": AttackSpec("linf", lambda o, x, eps, s, g: fgsm(o, x, eps), description="FGSM"),
-    "bim": AttackSpec("linf", lambda o, x, eps, s, g: bim(o, x, eps, s.steps),
-                      description="BIM (no random start)"),
+    "fgsm": AttackSpec("linf", _fgsm, description="FGSM"),
+    "bim": AttackSpec("linf", _bim, description="BIM (no random start)"),
     "pgd": AttackSpec("linf", _pgd_linf, description="PGD L-inf, random start"),
     "pgd-l2": AttackSpec("l2", _pgd("l2"), description="PGD L2, random start"),
     "cw-l2": AttackSpec("l2", lambda o, x, eps, s, g: cw_l2(o, x, s.cw_steps,
                                                             s.cw_search_steps),
                         minimal_norm=True, description="C&W L2, minimal norm, counted within eps"),
-    "square": AttackSpec("linf", lambda o, x, eps, s, g: square_linf(o, x, eps, s.queries,
-                                                                     generator=g),
+    "square": AttackSpec("linf", lambda o, x, eps, s, g: square_linf(o, x, eps, s.queries, g),
                          description="Square L-inf, gradient-free"),
     "vote": AttackSpec("linf", _pgd_linf, votes=True,
                        description="PGD L-inf on the mean of the votes (Gu et al. 2021)"),
@@ -81,27 +91,31 @@ ATTACKS: dict[str, AttackSpec] = {
 
 
 def attack_spec(name: str) -> AttackSpec:
+    """The attack called ``name``; a ValueError naming the choices otherwise."""
     if name not in ATTACKS:
         raise ValueError(f"unknown attack {name!r}; choose from {', '.join(ATTACKS)}")
     return ATTACKS[name]
 
 
 def run_attack(name: str, model: nn.Module, x: torch.Tensor, labels: torch.Tensor, eps: float,
-               settings: AttackSettings = DEFAULT_SETTINGS,
-               source: nn.Module | None = None,
+               settings: AttackSettings = DEFAULT_SETTINGS, source: nn.Module | None = None,
                minimal_norm_cache: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attack ``model`` (or craft on ``source``, a transfer attack) on images x (B, C, H, W)
     with true labels (B,). Returns (adversarial images, the labels aimed at: the true ones,
-    or the seeded random targets of a targeted attack). A minimal-norm attack runs once
+    or seeded random other classes for a targeted attack). A minimal-norm attack runs once
     per ``minimal_norm_cache`` (a dict the caller keeps per model, images and settings) and
     is cut to radius eps."""
     spec = attack_spec(name)
-    attack_loss(settings.loss)  # an unknown loss fails before any work
+    loss = attack_loss(settings.loss)
     crafter = source if source is not None else model
     generator = torch.Generator(device=x.device).manual_seed(settings.seed)
-    num_classes = model.config.num_classes
-    aims = random_targets(labels, num_classes, generator) if settings.targeted else labels
-    objective = Objective(crafter, aims, attack_loss(settings.loss), settings.targeted,
+    aims = labels
+    if settings.targeted:
+        num_classes = model.config.num_classes
+        shift = torch.randint(1, num_classes, labels.shape, generator=generator,
+                              device=labels.device)
+        aims = (labels + shift) % num_classes  # (B,) never the true class
+    objective = Objective(crafter, aims, loss, settings.targeted,
                           surrogate=VoteSurrogate(crafter) if spec.votes else None,
                           reconstruction_weight=(settings.reconstruction_weight
                                                  if spec.reconstructive else 0.0))

@@ -1,6 +1,7 @@
-"""The grid of `capsnet attack`: models x attacks x eps on one seeded test subset, each row
-computed once and written atomically as a small JSON file (a rerun skips the rows already
-there), then gathered into one JSON list and one table."""
+"""The evaluation of `capsnet attack`: the grid of models x attacks x eps on one seeded test
+subset, each row computed once and written atomically as a small JSON file (a rerun skips
+the rows already there), then gathered into one JSON list and one table; and the sanity
+checks of Carlini et al. (2019), "On evaluating adversarial robustness"."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,12 +16,14 @@ from torch import nn
 
 from capsnet.atomic import atomic_write
 from capsnet.attacks.detection import Detector, detection_metrics, image_scores
-from capsnet.attacks.registry import AttackSettings, attack_spec, run_attack
-from capsnet.attacks.threat import predict
+from capsnet.attacks.objectives import predict
+from capsnet.attacks.registry import DEFAULT_SETTINGS, AttackSettings, attack_spec, run_attack
 
 PERCENT = 100.0
 ROWS_DIR = "rows"
 ATTACK_BATCH = 100  # images attacked at once (memory: CapsNet's votes are 0.7 MB an image)
+UNBOUNDED_EPS = 1.0  # pixels in [0, 1]: an L-inf ball of radius 1 holds every image
+EXTRA_RESTARTS = 3
 
 
 def seeded_subset(n_total: int, n: int, seed: int) -> torch.Tensor:
@@ -34,30 +37,31 @@ def row_file(out_dir: Path, model: str, attack: str, eps: float, settings: Attac
     """Where the row lives: one file per model x attack x eps x settings."""
     parts = [model, attack, settings.loss, f"eps{eps:g}", f"k{settings.steps}",
              f"r{settings.restarts}", f"n{n}-seed{settings.seed}"]
-    parts += ["targeted"] * settings.targeted + ([f"from-{source}"] if source else [])
-    parts += [f"routing-gradient-{settings.routing_gradient}"] * (settings.routing_gradient
-                                                                  != "full")
+    parts += ["targeted"] * settings.targeted + [f"from-{source}"] * bool(source)
+    if settings.routing_gradient != "full":
+        parts.append(f"routing-gradient-{settings.routing_gradient}")
     slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", "__".join(parts))
     return out_dir / ROWS_DIR / f"{slug}.json"
 
 
 def attack_row(label: str, model: nn.Module, attack: str, eps: float, x: torch.Tensor,
-               y: torch.Tensor, settings: AttackSettings, detectors: Sequence[Detector] = (),
-               source: nn.Module | None = None, source_label: str | None = None,
-               minimal_norm_cache: dict | None = None) -> dict:
+               y: torch.Tensor, settings: AttackSettings, detectors: Sequence[Detector],
+               source: nn.Module | None, source_label: str | None,
+               minimal_norm_cache: dict) -> dict:
     """One row: robust accuracy of ``model`` on x (N, C, H, W), labels y (N,), under
     ``attack`` at ``eps``, with the detection columns of each detector."""
     start = time.perf_counter()
     adversarial, aims = [], []
     for i, (xb, yb) in enumerate(zip(x.split(ATTACK_BATCH), y.split(ATTACK_BATCH), strict=True)):
         batch_settings = dataclasses.replace(settings, seed=settings.seed + i)
-        cache = None if minimal_norm_cache is None else minimal_norm_cache.setdefault(i, {})
-        adv, aim = run_attack(attack, model, xb, yb, eps, batch_settings, source, cache)
+        adv, aim = run_attack(attack, model, xb, yb, eps, batch_settings, source,
+                              minimal_norm_cache.setdefault(i, {}))
         adversarial.append(adv)
         aims.append(aim)
     x_adv, aim = torch.cat(adversarial), torch.cat(aims)
     seconds = time.perf_counter() - start
-    clean_pred, adv_pred = predict(model, x), predict(model, x_adv)
+    clean_scores, clean_pred = image_scores(model, x)
+    adv_scores, adv_pred = image_scores(model, x_adv)
     attacked = clean_pred == y
     fooled = adv_pred == aim if settings.targeted else adv_pred != y
     success = attacked & fooled
@@ -65,8 +69,7 @@ def attack_row(label: str, model: nn.Module, attack: str, eps: float, x: torch.T
     row = {"model": label, "attack": attack, "norm": attack_spec(attack).norm, "eps": eps,
            "loss": settings.loss, "steps": settings.steps, "restarts": settings.restarts,
            "targeted": settings.targeted, "source": source_label, "n": len(y),
-           "routing_gradient": settings.routing_gradient,
-           "seed": settings.seed,
+           "routing_gradient": settings.routing_gradient, "seed": settings.seed,
            "clean_accuracy": float(attacked.float().mean()),
            "robust_accuracy": float((adv_pred == y).float().mean()),
            "success_rate": float(success.sum()) / max(int(attacked.sum()), 1),
@@ -74,8 +77,6 @@ def attack_row(label: str, model: nn.Module, attack: str, eps: float, x: torch.T
            "median_l2": float(delta[success].norm(dim=1).median()) if success.any() else None,
            "seconds": round(seconds, 2)}
     if detectors:
-        clean_scores, _ = image_scores(model, x)
-        adv_scores, _ = image_scores(model, x_adv)
         row["detection"] = {d.name: detection_metrics(d, (clean_scores[d.name], clean_pred),
                                                       (adv_scores[d.name], adv_pred),
                                                       attacked, fooled) for d in detectors}
@@ -97,21 +98,20 @@ def run_grid(models: Sequence[tuple[str, nn.Module]], attacks: Sequence[str],
     out_dir = Path(out_dir)
     for name in attacks:
         attack_spec(name)  # unknown names fail before any work
+    source_label, source_model = source or (None, None)
     rows = []
     for label, model in models:
-        cache: dict = {}
+        minimal_norm_cache: dict = {}  # per batch: each minimal-norm attack's images
         for attack in attacks:
             for eps in eps_values:
-                path = row_file(out_dir, label, attack, eps, settings, len(y),
-                                source[0] if source else None)
+                path = row_file(out_dir, label, attack, eps, settings, len(y), source_label)
                 if path.is_file():
                     rows.append(json.loads(path.read_text()))
                     log(f"{path.name}: already there, skipped")
                     continue
                 row = attack_row(label, model, attack, eps, x, y, settings,
-                                 (detectors or {}).get(label, ()),
-                                 source[1] if source else None, source[0] if source else None,
-                                 cache.setdefault(attack, {}))
+                                 (detectors or {}).get(label, ()), source_model, source_label,
+                                 minimal_norm_cache)
                 write_json(row, path)
                 rows.append(row)
                 log(f"{label} {attack} eps {eps:g}: robust accuracy "
@@ -138,3 +138,44 @@ def markdown_table(rows: Sequence[dict]) -> str:
                        f"{m['auroc']:.3f}"] if m else ["", "", ""])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def accuracy_under(attack: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                   eps: float, settings: AttackSettings, source: nn.Module | None = None) -> float:
+    """Accuracy of ``model`` on x (N, C, H, W) attacked (untargeted) at ``eps``."""
+    x_adv, _ = run_attack(attack, model, x, y, eps, settings, source)
+    return float((predict(model, x_adv) == y).float().mean())
+
+
+def _check(name: str, passed: bool, **detail) -> dict:
+    return {"check": name, "passed": bool(passed), "detail": detail}
+
+
+def sanity_checks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float,
+                  settings: AttackSettings = DEFAULT_SETTINGS,
+                  source: nn.Module | None = None) -> list[dict]:
+    """The sanity checks at ``eps``, each a row {check, passed, detail}, named for what
+    they require (the transfer check only with a ``source`` model)."""
+    s = dataclasses.replace(settings, targeted=False)
+    one_image = 1.0 / len(y)
+    pgd = accuracy_under("pgd", model, x, y, eps, s)
+    fgsm = accuracy_under("fgsm", model, x, y, eps, s)
+    rows = [_check("iterative <= single step", pgd <= fgsm, pgd=pgd, fgsm=fgsm)]
+    ladder = [eps / 2, eps, min(2 * eps, UNBOUNDED_EPS), UNBOUNDED_EPS]
+    accuracies = [accuracy_under("pgd", model, x, y, e, s) for e in ladder]
+    pairs = zip(accuracies, accuracies[1:], strict=False)
+    rows.append(_check("accuracy falls as eps grows", all(b <= a + one_image for a, b in pairs),
+                       eps=ladder, accuracy=accuracies))
+    rows.append(_check("unbounded attack reaches 100%", accuracies[-1] == 0.0,
+                       eps=UNBOUNDED_EPS, accuracy=accuracies[-1]))
+    if source is not None:
+        transfer = accuracy_under("pgd", model, x, y, eps, s, source)
+        rows.append(_check("transfer <= white-box", transfer >= pgd, transfer=transfer, pgd=pgd))
+    square = accuracy_under("square", model, x, y, eps, s)
+    rows.append(_check("gradient-free no stronger than PGD (else masking)",
+                       square >= pgd - one_image, square=square, pgd=pgd))
+    more = accuracy_under("pgd", model, x, y, eps,
+                          dataclasses.replace(s, restarts=s.restarts + EXTRA_RESTARTS))
+    rows.append(_check("more restarts never help the defence", more <= pgd,
+                       restarts=[s.restarts, s.restarts + EXTRA_RESTARTS], accuracy=[pgd, more]))
+    return rows
