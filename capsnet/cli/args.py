@@ -23,11 +23,14 @@ from capsnet.models.precision import PRECISIONS
 from capsnet.models.registry import MODELS, preset_names
 from capsnet.routing import capsnet_routers
 from capsnet.training.loop import NonFiniteLossError
-from capsnet.training.recipes import RECIPES, SCHEDULES, default_lr, recipe_for
 from capsnet.training.settings import (
     DEFAULT_VAL_SIZE,
+    RECIPES,
+    SCHEDULES,
     VAL_FRACTION_INVERSE,
     TrainSettings,
+    default_lr,
+    recipe_for,
     resumed_settings,
 )
 from capsnet.tuning import tune_for_inference

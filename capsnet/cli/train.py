@@ -5,7 +5,7 @@ import argparse
 
 from capsnet.cli.args import DEFAULTS, add_recipe_args, add_run_args, settings_from_args
 from capsnet.training.fit import fit
-from capsnet.training.recipes import AUGMENTATIONS
+from capsnet.training.settings import AUGMENTATIONS
 
 
 def add_parser(subparsers) -> None:

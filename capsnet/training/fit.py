@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -21,11 +23,13 @@ from capsnet.training import distributed
 from capsnet.training.distributed import World
 from capsnet.training.loop import StepOptions, evaluate, predict_scores, train_one_epoch
 from capsnet.training.runner import Log, Progress, Task, run_task
-from capsnet.training.scores import save_test_scores
 from capsnet.training.settings import TrainSettings, validation_size
 
 # Training images a model's data-dependent initialisation sees (the first of the split)
 INITIALISATION_IMAGES = 256
+# The tested model's test-set class scores beside results.json, for ensembles without weights
+SCORES_FILE = "test_scores.npy"
+LABELS_FILE = "test_labels.npy"
 
 
 @dataclass
@@ -234,3 +238,10 @@ def fit(settings: TrainSettings | None = None, resume: str | None = None,
     if own is not None:
         settings = dataclasses.replace(settings, dataset=own[0].name)
     return run_task(ClassifyTask(settings, own), resume, argv, log)
+
+
+def save_test_scores(run_dir: str | Path, scores: torch.Tensor, labels: torch.Tensor) -> None:
+    """Write scores (N, J) as float32 and labels (N,) as int64 into ``run_dir``."""
+    run_dir = Path(run_dir)
+    np.save(run_dir / SCORES_FILE, scores.detach().float().cpu().numpy())
+    np.save(run_dir / LABELS_FILE, labels.detach().long().cpu().numpy())

@@ -1,6 +1,6 @@
 """How a model computes on the machine at hand (precision and convolution path, by a rule)
 and how much memory its training step takes (measured)."""
-from capsnet.tuning.hardware import cpu_info, device_name, machine_description, native_bf16
+from capsnet.devices import cpu_info, machine_description, native_bf16
 from capsnet.tuning.plan import (
     AUTO,
     SpeedPlan,
@@ -13,5 +13,5 @@ from capsnet.tuning.plan import (
 )
 
 __all__ = ["AUTO", "SpeedPlan", "apply_plan", "choose_plan", "conv_layers", "cpu_info",
-           "current_plan", "device_name", "machine_description", "native_bf16",
-           "rule_precision", "tune_for_inference"]
+           "current_plan", "machine_description", "native_bf16", "rule_precision",
+           "tune_for_inference"]

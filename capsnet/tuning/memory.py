@@ -1,14 +1,14 @@
 """How much memory a training step takes, measured rather than modelled.
 
-A copy of the model runs one training step (forward, loss, backward) at two small batches
-(``PROBE_BATCHES``); the peak grows linearly with the batch, so the two peaks give a fixed
-part and a part per image, which are extrapolated to the run's batch. Adam's two moments
-(twice the parameters' bytes) come on top. What the peak counts:
+A copy of the model trains with its own Adam as ``train_one_epoch`` runs a step: forward and
+loss (the last step's gradients still held), ``zero_grad``, backward, Adam's step. After a
+first step has made the gradients and Adam's moments, one step at each of two small batches
+(``PROBE_BATCHES``) gives each phase's peak a fixed part and a part per image; the estimate
+at the run's batch is the largest phase, extrapolated, plus the weights. The peaks count:
 
-- on CUDA: ``torch.cuda.max_memory_allocated`` over the step (cuDNN's workspaces included;
-  the CUDA context and the allocator's cached blocks are not);
-- elsewhere: the peak bytes of live tensors (:class:`LiveTensorBytes`: every storage an
-  operator creates, from its creation until it is freed), which is what
+- on CUDA: ``torch.cuda.max_memory_allocated`` (cuDNN's workspaces included; the CUDA
+  context and the allocator's cached blocks are not);
+- elsewhere: the peak bytes of live tensors (:class:`LiveTensorBytes`), what
   ``max_memory_allocated`` reports on a GPU; oneDNN's scratch memory and the C heap's slack
   are not in it, so a process's resident set is higher.
 """
@@ -41,15 +41,27 @@ class MemoryExceeded(RuntimeError):
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes at the peak of a training step of ``batch_size`` images: ``fixed`` (weights,
-    Adam's moments and the step's part that does not grow with the batch), ``per_image``
-    times the batch, and ``resident`` (already on the device: the dataset)."""
+    """Bytes at the peak of a training step of ``batch_size`` images: the largest of the
+    step's phases, each ``fixed + per_image * batch`` (the weights, gradients and Adam's
+    moments in ``fixed``), plus ``resident`` (already on the device: the dataset)."""
 
     batch_size: int
-    fixed: int
-    per_image: int
+    phases: tuple[tuple[int, int], ...]  # (fixed, per_image) of forward, backward, Adam's step
     weights_and_adam: int = 0
     resident: int = 0
+
+    @property
+    def peak_phase(self) -> tuple[int, int]:
+        """(fixed, per_image) of the phase that peaks at ``batch_size``."""
+        return max(self.phases, key=lambda phase: phase[0] + phase[1] * self.batch_size)
+
+    @property
+    def fixed(self) -> int:
+        return self.peak_phase[0]
+
+    @property
+    def per_image(self) -> int:
+        return self.peak_phase[1]
 
     @property
     def total(self) -> int:
@@ -57,10 +69,8 @@ class MemoryEstimate:
 
     def largest_batch(self, capacity: int) -> int:
         """The largest batch whose estimate fits in ``capacity`` bytes (0 if none does)."""
-        room = capacity - self.resident - self.fixed
-        if room < self.per_image:
-            return 0
-        return room // max(1, self.per_image)
+        room = capacity - self.resident
+        return max(0, min((room - fixed) // max(1, per_image) for fixed, per_image in self.phases))
 
     def describe(self) -> str:
         """One line for the run log."""
@@ -105,48 +115,85 @@ class LiveTensorBytes(TorchDispatchMode):
         return out
 
 
-def step_peak(model: nn.Module, device: torch.device, batch_size: int) -> int:
-    """Peak bytes one training step (forward, loss, backward) of ``model`` at ``batch_size``
-    random images adds to what is already there (see the module docstring); the
-    gradients are left set."""
+class PeakMeter:
+    """Peak bytes on ``device`` above where it stood when entered, since the last
+    :meth:`lap`: CUDA's allocator statistics, elsewhere :class:`LiveTensorBytes`."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.live = LiveTensorBytes(device.type)
+        self.start = 0
+
+    def __enter__(self) -> PeakMeter:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            self.start = torch.cuda.memory_allocated(self.device)
+            return self
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.cuda:
+            self.live.__exit__(*exc)
+
+    def lap(self) -> int:
+        """The peak since the last lap (or entry); the next lap starts now."""
+        if not self.cuda:
+            peak = self.live.peak
+            self.live.reset()
+            return peak
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - self.start
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return peak
+
+
+def step_phase_peaks(model: nn.Module, device: torch.device) -> list[tuple[int, int, int]]:
+    """(forward and loss, backward, Adam's step) peaks above the start, one triple per probe
+    batch, of ``model`` training as ``train_one_epoch`` orders a step."""
     cfg = model.config
     generator = torch.Generator(device=device).manual_seed(0)
-    x = torch.rand(batch_size, cfg.in_channels, cfg.image_size, cfg.image_size,
-                   device=device, generator=generator)  # (b, C, H, W)
-    y = torch.randint(0, cfg.num_classes, (batch_size,), device=device, generator=generator)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        model_loss(model(x, y), x, y).backward()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    live = LiveTensorBytes(device.type)
-    with live:
-        model_loss(model(x, y), x, y).backward()
-    return live.peak
+    optimizer = torch.optim.Adam(model.parameters())
+    peaks = []
+    with PeakMeter(device) as meter:
+        for b in (PROBE_BATCHES[0], *PROBE_BATCHES):  # the first makes gradients and moments
+            x = torch.rand(b, cfg.in_channels, cfg.image_size, cfg.image_size,
+                           device=device, generator=generator)  # (b, C, H, W)
+            y = torch.randint(0, cfg.num_classes, (b,), device=device, generator=generator)
+            meter.lap()
+            loss = model_loss(model(x, y), x, y)
+            forward = meter.lap()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            del loss
+            backward = meter.lap()
+            optimizer.step()
+            peaks.append((forward, backward, meter.lap()))
+    return peaks[1:]
 
 
 def measure_training_memory(model: nn.Module, batch_size: int, resident: int = 0
                             ) -> MemoryEstimate:
-    """The peak of one training step of ``model`` at ``batch_size`` (module docstring),
+    """The peak of a training step of ``model`` at ``batch_size`` (module docstring),
     measured on a copy: the model, its gradients, BatchNorm statistics and the random state
     are left as they were."""
     device = next(model.parameters()).device
     probe = copy.deepcopy(model).train()
-    peaks = []
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        for b in PROBE_BATCHES:
-            probe.zero_grad(set_to_none=True)
-            peaks.append(step_peak(probe, device, b))
+    probe.zero_grad(set_to_none=True)
+    cuda_rng = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda_rng):
+        small_peaks, large_peaks = step_phase_peaks(probe, device)
     del probe
-    small, large = PROBE_BATCHES
-    per_image = max(0, (peaks[1] - peaks[0]) // (large - small))
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     weights_and_adam = weights + ADAM_MOMENTS * sum(
         p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    fixed = weights_and_adam + max(0, peaks[0] - small * per_image)
-    return MemoryEstimate(batch_size, fixed, per_image, weights_and_adam, resident)
+    small, large = PROBE_BATCHES
+    phases = []
+    for at_small, at_large in zip(small_peaks, large_peaks, strict=True):
+        per_image = max(0, (at_large - at_small) // (large - small))
+        phases.append((weights + max(0, at_small - small * per_image), per_image))
+    return MemoryEstimate(batch_size, tuple(phases), weights_and_adam, resident)
 
 
 def device_memory(device: torch.device) -> int | None:

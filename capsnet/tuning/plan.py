@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from capsnet.devices import machine_description, native_bf16
 from capsnet.layers.gemm_conv import CONV_IMPLS, GemmConv2d
 from capsnet.models.precision import PRECISIONS, precision_name
-from capsnet.tuning.hardware import machine_description, native_bf16
 
 AUTO = "auto"
 
