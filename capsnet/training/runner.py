@@ -4,7 +4,6 @@ selection by validation, a target accuracy, a time limit, atomic checkpoints, th
 a stop on a non-finite loss, the test once at the end); a :class:`Task` says what differs."""
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import sys
@@ -14,7 +13,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
+from capsnet.atomic import atomic_write
 from capsnet.checkpoint import (
     CheckpointError,
     atomic_copy,
@@ -62,7 +63,7 @@ class Task:
         self.epoch_size: int | None = None
 
     def prepare(self, device: torch.device) -> None:
-        """Load the data onto ``device``."""
+        """Load the data onto ``device``; set ``epoch_size``."""
         raise NotImplementedError
 
     def model_overrides(self) -> dict:
@@ -84,13 +85,12 @@ class Task:
 
     def final_report(self, final: nn.Module, best: nn.Module | None, state: dict,
                      log: Log) -> dict:
-        """Test once: results to merge into results.json. ``best`` is the
-        validation-selected model (None when it is the final one or there is none)."""
+        """Test once: results for results.json; ``best``: the validation-selected model
+        (None when it is the final one or there is none)."""
         raise NotImplementedError
 
     def initialisation_images(self) -> torch.Tensor | None:
-        """A few training images (B, C, H, W) in [0, 1] as the model sees them, for a
-        model's data-dependent initialisation (``initialise_from_data``); None: none."""
+        """Training images (B, C, H, W) in [0, 1] for ``initialise_from_data``, or None."""
         return None
 
 
@@ -168,8 +168,7 @@ def _run(task: Task, resume: str | None, argv, log: Log, world: World) -> dict:
                                                    fits * world.size)) from None
     results = None
     if world.is_main:
-        results = (_unfinished_report(task, state) if state.get("stopped_for_time")
-                   else _final_report(task, training.evaluated, state, log))
+        results = _report(task, training.evaluated, state, log)
     return distributed.broadcast_object(results, world)
 
 
@@ -215,8 +214,9 @@ def _checkpoint(task: Task, training: Training, plan: SpeedPlan, state: dict, ro
     """last.pt (everything a resume needs), best.pt when the epoch improved (a copy), and
     with --keep-every the epoch's evaluated weights alone as epoch-NNN.pt."""
     settings, run_dir = task.settings, Path(task.settings.out_dir)
+    kept = ("epoch", "best_val_accuracy", "best_epoch", "reached_target")  # not the timings
     described = dict(train_settings=settings.to_dict(), metrics=row, speed_plan=plan.as_dict(),
-                     **_saved_state(state))
+                     **{k: state[k] for k in kept})
     resumable = dict(**training.checkpoint_state(), rng=rng)
     if task.grad_scaler is not None:
         resumable["grad_scaler"] = task.grad_scaler.state_dict()
@@ -226,12 +226,7 @@ def _checkpoint(task: Task, training: Training, plan: SpeedPlan, state: dict, ro
     epoch = state["epoch"]
     if settings.keep_every and epoch % settings.keep_every == 0:
         # weights only: a third of last.pt (no Adam moments), enough to evaluate the epoch
-        save_checkpoint(run_dir / epoch_checkpoint_name(epoch), training.evaluated, **described)
-
-
-def epoch_checkpoint_name(epoch: int) -> str:
-    """The file name of an epoch's kept checkpoint (``--keep-every``)."""
-    return f"epoch-{epoch:03d}.pt"
+        save_checkpoint(run_dir / f"epoch-{epoch:03d}.pt", training.evaluated, **described)
 
 
 def _out_of_time(settings: TrainSettings, start: float, state: dict, epoch: int,
@@ -248,18 +243,19 @@ def _out_of_time(settings: TrainSettings, start: float, state: dict, epoch: int,
     return True
 
 
-def _saved_state(state: dict) -> dict:
-    """What a checkpoint keeps of the run's state (timings belong to this invocation)."""
-    return {k: state[k] for k in ("epoch", "best_val_accuracy", "best_epoch", "reached_target")}
-
-
 def _train_and_validate(task: Task, step_model, training: Training, epoch: int,
                         world: World) -> dict:
+    """One epoch of training with a progress bar, then validation: the epoch's metrics row."""
     optimizer = training.optimizer
     lr = optimizer.param_groups[0]["lr"]  # the epoch's first step's
     start = time.perf_counter()
-    with epoch_progress(task.settings.progress and world.is_main, epoch,
-                        _epoch_size(task, world)) as on_progress:
+    with tqdm(total=_epoch_size(task, world), desc=f"epoch {epoch}", unit="img", leave=False,
+              dynamic_ncols=True, disable=not (task.settings.progress and world.is_main)) as bar:
+
+        def on_progress(done: int, loss: float, accuracy: float) -> None:
+            bar.update(done - bar.n)
+            bar.set_postfix(loss=f"{loss:.4f}", acc=f"{accuracy:.4f}")
+
         train = task.train_epoch(step_model, optimizer, epoch, world, on_progress)
     seconds = time.perf_counter() - start
     loss, accuracy = distributed.all_reduce_mean([train["train_loss"], train["train_accuracy"]],
@@ -278,26 +274,6 @@ def _train_and_validate(task: Task, step_model, training: Training, epoch: int,
 def _epoch_size(task: Task, world: World) -> int | None:
     """Training examples of an epoch on each rank (None: the task states none)."""
     return None if task.epoch_size is None else -(-task.epoch_size // world.size)
-
-
-@contextlib.contextmanager
-def epoch_progress(enabled: bool, epoch: int, total: int | None):
-    """Yields on_progress(examples_done, mean_loss, accuracy) updating a tqdm bar, or None."""
-    if not enabled:
-        yield None
-        return
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=total, desc=f"epoch {epoch}", unit="img", leave=False, dynamic_ncols=True)
-
-    def update(done: int, loss: float, accuracy: float) -> None:
-        bar.update(done - bar.n)
-        bar.set_postfix(loss=f"{loss:.4f}", acc=f"{accuracy:.4f}")
-
-    try:
-        yield update
-    finally:
-        bar.close()
 
 
 def _select(row: dict, state: dict, epoch: int) -> bool:
@@ -326,32 +302,24 @@ def epoch_line(row: dict, improved: bool) -> str:
     return " | ".join(parts)
 
 
-def _unfinished_report(task: Task, state: dict) -> dict:
-    """A run stopped by its time limit: where it stands, no test (that comes once, at the end)."""
-    results = {"task": task.name, "complete": False, "epochs": state["epoch"],
-               "best_epoch": state["best_epoch"], "best_val_accuracy": state["best_val_accuracy"]}
-    (Path(task.settings.out_dir) / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results
-
-
-def _final_report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
-    """The test set, once, for the final and (when it differs) the validation-selected
-    model, both running as `capsnet evaluate` runs them with the run's --precision and
-    --conv-impl (the inference plan), so that the two agree."""
+def _report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
+    """results.json: where the run stands and, unless its time limit stopped it, the test
+    set once for the final and (when it differs) the validation-selected model, both with
+    the run's --precision and --conv-impl as `capsnet evaluate` runs them."""
     settings, run_dir = task.settings, Path(task.settings.out_dir)
-    device = next(model.parameters()).device
-    best = None
-    best_path = run_dir / "best.pt"
-    if state["best_epoch"] not in (None, state["epoch"]) and best_path.exists():
-        best = model_from_checkpoint(best_path, map_location=device)
-    for m in (model, best):
-        if m is not None:
-            tune_for_inference(m.eval(), device, settings.precision, settings.conv_impl)
-    results = {"task": task.name, "complete": True, "epochs": state["epoch"],
-               "best_epoch": state["best_epoch"], "best_val_accuracy": state["best_val_accuracy"],
-               "reached_target": state["reached_target"],
-               **task.final_report(model, best, state, log)}
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    complete = not state.get("stopped_for_time")
+    results = {"task": task.name, "complete": complete, "epochs": state["epoch"],
+               "best_epoch": state["best_epoch"], "best_val_accuracy": state["best_val_accuracy"]}
+    if complete:
+        device, best = next(model.parameters()).device, None
+        if state["best_epoch"] not in (None, state["epoch"]) and (run_dir / "best.pt").exists():
+            best = model_from_checkpoint(run_dir / "best.pt", map_location=device)
+        for m in (model, best):
+            if m is not None:
+                tune_for_inference(m.eval(), device, settings.precision, settings.conv_impl)
+        results.update(reached_target=state["reached_target"],
+                       **task.final_report(model, best, state, log))
+    write_json(run_dir / "results.json", results)
     return results
 
 
@@ -396,10 +364,14 @@ def describe_run(run_dir: Path, settings: TrainSettings, model, plan: SpeedPlan,
                  argv: list[str] | None, memory: MemoryEstimate) -> None:
     """Write the resolved settings, model config, speed plan, memory estimate and command
     line into the run directory."""
-    (run_dir / "config.json").write_text(json.dumps(
-        {"settings": settings.to_dict(), "model_config": config_to_dict(unwrap(model).config),
-         "speed": plan.as_dict(),
-         "memory_estimate_bytes": memory.total}, indent=2) + "\n")
+    write_json(run_dir / "config.json", {
+        "settings": settings.to_dict(), "model_config": config_to_dict(unwrap(model).config),
+        "speed": plan.as_dict(), "memory_estimate_bytes": memory.total})
     command = " ".join(["capsnet", *(argv if argv is not None else sys.argv[1:])])
     with open(run_dir / "command.txt", "a") as f:
         f.write(command + "\n")
+
+
+def write_json(path: Path, values: dict) -> None:
+    """``values`` as indented JSON, written atomically."""
+    atomic_write(path, lambda f: f.write(json.dumps(values, indent=2) + "\n"), mode="w")

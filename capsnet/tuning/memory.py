@@ -14,6 +14,7 @@ at the run's batch is the largest phase, extrapolated, plus the weights. The pea
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import weakref
 from dataclasses import dataclass
@@ -115,61 +116,41 @@ class LiveTensorBytes(TorchDispatchMode):
         return out
 
 
-class PeakMeter:
-    """Peak bytes on ``device`` above where it stood when entered, since the last
-    :meth:`lap`: CUDA's allocator statistics, elsewhere :class:`LiveTensorBytes`."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.live = LiveTensorBytes(device.type)
-        self.start = 0
-
-    def __enter__(self) -> PeakMeter:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-            self.start = torch.cuda.memory_allocated(self.device)
-            return self
-        self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if not self.cuda:
-            self.live.__exit__(*exc)
-
-    def lap(self) -> int:
-        """The peak since the last lap (or entry); the next lap starts now."""
-        if not self.cuda:
-            peak = self.live.peak
-            self.live.reset()
-            return peak
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - self.start
-        torch.cuda.reset_peak_memory_stats(self.device)
-        return peak
-
-
 def step_phase_peaks(model: nn.Module, device: torch.device) -> list[tuple[int, int, int]]:
-    """(forward and loss, backward, Adam's step) peaks above the start, one triple per probe
-    batch, of ``model`` training as ``train_one_epoch`` orders a step."""
-    cfg = model.config
+    """(forward and loss, backward, Adam's step) peak bytes above the start, one triple per
+    probe batch, of ``model`` training as ``train_one_epoch`` orders a step."""
+    cfg, cuda = model.config, device.type == "cuda"
     generator = torch.Generator(device=device).manual_seed(0)
     optimizer = torch.optim.Adam(model.parameters())
+    live = LiveTensorBytes(device.type)
+    start = torch.cuda.memory_allocated(device) if cuda else 0
+
+    def lap() -> int:
+        """The peak since the last lap; the next lap starts now."""
+        if not cuda:
+            peak = live.peak
+            live.reset()
+            return peak
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - start
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak
+
     peaks = []
-    with PeakMeter(device) as meter:
+    with contextlib.nullcontext() if cuda else live:
         for b in (PROBE_BATCHES[0], *PROBE_BATCHES):  # the first makes gradients and moments
             x = torch.rand(b, cfg.in_channels, cfg.image_size, cfg.image_size,
                            device=device, generator=generator)  # (b, C, H, W)
             y = torch.randint(0, cfg.num_classes, (b,), device=device, generator=generator)
-            meter.lap()
+            lap()
             loss = model_loss(model(x, y), x, y)
-            forward = meter.lap()
+            forward = lap()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             del loss
-            backward = meter.lap()
+            backward = lap()
             optimizer.step()
-            peaks.append((forward, backward, meter.lap()))
+            peaks.append((forward, backward, lap()))
     return peaks[1:]
 
 
