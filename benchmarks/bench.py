@@ -96,7 +96,7 @@ def plan_for_case(case: str, model, device: torch.device, batch: int) -> SpeedPl
     if len(parts) == 3 and parts[1] in PRECISIONS:
         precision, impl = parts[1], "-".join(parts[2:])
         return SpeedPlan(precision, {name: impl for name, _ in conv_layers(model)})
-    return choose_plan(model, device, batch)
+    return choose_plan(model, device)
 
 
 def build(case: str, device: torch.device, batch: int):

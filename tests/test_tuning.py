@@ -64,7 +64,7 @@ def test_auto_on_a_gpu_is_cudnn_and_gemm_there_keeps_its_weight_layout(monkeypat
 
 def test_forced_choices_are_obeyed_and_bad_ones_name_the_choices():
     model = CapsNet(TINY)
-    plan = choose_plan(model, CPU, 128, precision="fp32", conv_impl="native")
+    plan = choose_plan(model, CPU, precision="fp32", conv_impl="native")
     assert plan.precision == "fp32" and set(plan.conv_impls.values()) == {"native"}
     assert plan.source == "given"
     with pytest.raises(ValueError, match="conv implementation 'winograd'; choose from auto, gemm"):

@@ -63,9 +63,10 @@ class RunData:
 Datasets = tuple[ImageDataset, ImageDataset]  # (train, test)
 
 
-def load_run_datasets(settings: TrainSettings, log: Log = print,
-                      own: Datasets | None = None) -> Datasets:
-    """The run's (train, test) datasets at the requested size and channels."""
+def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print,
+                 own: Datasets | None = None) -> RunData:
+    """Load the dataset (or take your ``own``) at the requested size and channels, carve the
+    validation split, apply --subset, move to ``device``."""
     s = settings
     if own is None and s.dataset == FOLDER:
         # the test split carved out of a folder without test/ is the folder's own (seed 0),
@@ -86,18 +87,11 @@ def load_run_datasets(settings: TrainSettings, log: Log = print,
     if height != width:
         raise ValueError(f"the {s.dataset} images are {height}x{width}; the model takes square "
                          f"images: pass --image-size N (image_size=N) to resize them")
-    return train, test
-
-
-def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print,
-                 own: Datasets | None = None) -> RunData:
-    """Load the dataset, carve the validation split, apply --subset, move to ``device``."""
-    train, test = load_run_datasets(settings, log, own)
-    val_size = validation_size(settings.val_size, len(train.labels))
-    train_idx, val_idx = stratified_split(train.labels, val_size, settings.seed)
-    if settings.subset is not None:
-        train_idx = train_idx[: settings.subset]
-    crop = settings.crop or PRESET_CROPS.get(settings.preset)
+    val_size = validation_size(s.val_size, len(train.labels))
+    train_idx, val_idx = stratified_split(train.labels, val_size, s.seed)
+    if s.subset is not None:
+        train_idx = train_idx[: s.subset]
+    crop = s.crop or PRESET_CROPS.get(s.preset)
     test = test.to(device)
     if crop is not None:
         test = ImageDataset(center_crop(test.images, crop), test.labels, test.classes,

@@ -20,6 +20,7 @@ from capsnet.devices import pick_device
 from capsnet.training.distributed import env_ranks
 from capsnet.training.fit import LABELS_FILE, SCORES_FILE, fit
 from capsnet.training.loop import predict_scores
+from capsnet.training.runner import write_json
 from capsnet.training.settings import RESUME_OVERRIDES, TrainSettings, resumed_settings
 
 # Settings a seed's run directory may hold with other values and still be the same run.
@@ -43,7 +44,7 @@ def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | 
     if env_ranks()[0] != 0:  # each fit has left its process group: the rank is torchrun's
         return None
     summary = summarise(settings, list(seeds), errors, checkpoints)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / "summary.json", summary)
     return summary
 
 
@@ -83,7 +84,7 @@ def summarise(settings: TrainSettings, seeds: list[int], errors: list[float],
               checkpoints: list[Path]) -> dict:
     """Mean ± std of the runs' test errors and their ensemble's test error."""
     run_dirs = [Path(c).parent for c in checkpoints]
-    if all(has_test_scores(d) for d in run_dirs):
+    if all((d / name).is_file() for d in run_dirs for name in (SCORES_FILE, LABELS_FILE)):
         ensemble = ensemble_from_runs(run_dirs)
         source = "saved test scores"
     else:
@@ -104,7 +105,8 @@ def ensemble_of_checkpoints(settings: TrainSettings, checkpoints: list[Path]) ->
     models = [model_from_checkpoint(c, map_location=device) for c in checkpoints]
     test = load_test_set(models[0].config, settings.dataset, settings.data_dir, settings.download,
                          skip_bad=settings.skip_bad_images, progress=False).to(device)
-    return {"ensemble_test_error": 1.0 - ensemble_accuracy(models, test.images, test.labels),
+    scores = ensemble_scores(models, test.images).cpu().numpy()  # (N, J)
+    return {"ensemble_test_error": error_of(scores, test.labels.cpu().numpy()),
             "ensemble_size": len(models)}
 
 
@@ -118,22 +120,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 def ensemble_scores(models: Sequence[nn.Module], images: torch.Tensor,
                     batch_size: int = 500) -> torch.Tensor:
     """Class scores (N, J) averaged over ``models`` (capsule lengths for CapsNets)."""
-    total = None
-    for model in models:
-        scores = predict_scores(model, images, batch_size)  # (N, J)
-        total = scores if total is None else total + scores
-    return total / len(models)
-
-
-def ensemble_accuracy(models: Sequence[nn.Module], images: torch.Tensor,
-                      labels: torch.Tensor) -> float:
-    """Accuracy of the averaged scores of ``models`` on uint8 images (N, H, W)."""
-    predicted = ensemble_scores(models, images).argmax(dim=-1)
-    return (predicted == labels).float().mean().item()
-
-
-def has_test_scores(run_dir: str | Path) -> bool:
-    return all((Path(run_dir) / name).is_file() for name in (SCORES_FILE, LABELS_FILE))
+    return torch.stack([predict_scores(model, images, batch_size) for model in models]).mean(0)
 
 
 def load_test_scores(run_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:

@@ -1,12 +1,10 @@
-"""How a model computes on a device, by a rule: its precision and its convolutions' path.
+"""How a model computes on a device, by a rule (nothing is timed: the same machine and flags
+always give the same plan):
 
 - precision 'auto': bf16 autocast where the device computes bf16 natively (CPUs with
   AVX512-BF16 or AMX, CUDA GPUs of compute capability 8.0 on), else float32;
 - conv_impl 'auto': the per-kernel-row GEMMs on a CPU (:mod:`capsnet.layers.gemm_conv`),
   PyTorch's convolution (cuDNN) elsewhere.
-
-Measuring each machine instead won by less than the noise (docs/performance.md), so nothing
-is timed: the same machine and flags always give the same plan.
 """
 from __future__ import annotations
 
@@ -73,12 +71,11 @@ def rule_precision(device: torch.device) -> str:
     return "bf16" if native_bf16(device) else "fp32"
 
 
-def choose_plan(model: nn.Module, device: torch.device, batch_size: int | None = None, *,
-                precision: str = AUTO, conv_impl: str = AUTO) -> SpeedPlan:
+def choose_plan(model: nn.Module, device: torch.device, *, precision: str = AUTO,
+                conv_impl: str = AUTO) -> SpeedPlan:
     """The plan for ``model`` on ``device``: ``precision`` ('auto', 'fp32', 'bf16', 'fp16')
     and ``conv_impl`` ('auto' or one of CONV_IMPLS), 'auto' filled by the rule (module
-    docstring). ``batch_size`` is accepted for callers that pass it; the rule ignores it.
-    The model is left as it was; :func:`apply_plan` applies the result."""
+    docstring). The model is left as it was; :func:`apply_plan` applies the result."""
     if precision != AUTO and precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose from auto, "
                          f"{', '.join(PRECISIONS)}")
