@@ -37,17 +37,10 @@ from pathlib import Path
 
 import torch
 
-from capsnet.devices import pick_device, synchronize, tune_backends
+from capsnet.devices import cpu_info, native_bf16, pick_device, synchronize, tune_backends
 from capsnet.layers.gemm_conv import CONV_IMPLS
 from capsnet.models.precision import PRECISIONS
-from capsnet.tuning import (
-    SpeedPlan,
-    apply_plan,
-    choose_plan,
-    conv_layers,
-    cpu_info,
-    native_bf16,
-)
+from capsnet.tuning import SpeedPlan, apply_plan, choose_plan, conv_layers
 
 REPO = Path(__file__).resolve().parents[1]  # the workers run `python -m benchmarks.bench` here
 REFERENCES = ("seed-style", "broadcast-style")

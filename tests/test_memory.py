@@ -14,7 +14,7 @@ from benchmarks.memory_check import estimated_peak, measured_peak
 from capsnet.checkpoint import load_checkpoint
 from capsnet.cli.main import main
 from capsnet.models import build_model, make_config
-from capsnet.tuning.memory import (
+from capsnet.tuning import (
     GIB,
     PROBE_BATCHES,
     MemoryEstimate,

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+import capsnet.tuning as plan_module
 from capsnet.devices import has_native_bf16
 from capsnet.models import CapsNet, CapsNetConfig, build_model, make_config
 from capsnet.tuning import (
@@ -17,7 +18,6 @@ from capsnet.tuning import (
     current_plan,
     tune_for_inference,
 )
-from capsnet.tuning import plan as plan_module
 
 CPU = torch.device("cpu")
 TINY = CapsNetConfig(image_size=12, conv1_channels=8, conv1_kernel=3, primary_types=2,

@@ -33,8 +33,7 @@ from capsnet.training.settings import (
     recipe_for,
     resumed_settings,
 )
-from capsnet.tuning import tune_for_inference
-from capsnet.tuning.memory import MemoryExceeded
+from capsnet.tuning import MemoryExceeded, tune_for_inference
 
 # Errors shown as 'capsnet: error: <message>' with no traceback.
 USER_ERRORS = (IDXError, DataNotFoundError, CheckpointError, FolderDatasetError,

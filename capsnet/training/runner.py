@@ -33,13 +33,16 @@ from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.metrics_log import MetricsLog
 from capsnet.training.optimisation import Training, build_training, initialise_from_data
 from capsnet.training.settings import TrainSettings, resume_checkpoint
-from capsnet.tuning import SpeedPlan, apply_plan, choose_plan, tune_for_inference
-from capsnet.tuning.memory import (
+from capsnet.tuning import (
     MemoryEstimate,
     MemoryExceeded,
+    SpeedPlan,
+    apply_plan,
+    choose_plan,
     device_memory,
     measure_training_memory,
     out_of_memory_message,
+    tune_for_inference,
     usable_gpu_bytes,
 )
 
