@@ -54,12 +54,9 @@ def check_cuda_device(device: torch.device, visible: int) -> None:
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc's malloc to serve every allocation from its heap and keep freed memory
-    for reuse instead of handing it back to the kernel. True if it was applied.
-
-    PyTorch's CPU allocator has no cache: each large tensor is a fresh ``mmap`` whose pages
-    fault in one by one, and a CapsNet step frees and re-allocates hundreds of MB
-    (docs/performance.md). The cost is a resident set that holds the peak. Linux/glibc only."""
+    """Ask glibc's malloc to keep freed memory for reuse rather than ``mmap`` each large
+    tensor afresh (PyTorch's CPU allocator has no cache; docs/performance.md), at the cost of
+    a resident set that holds the peak. True if applied (Linux/glibc only)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -71,14 +68,10 @@ def keep_freed_memory() -> bool:
 
 
 def backend_flags(device_type: str, deterministic: bool = False) -> dict:
-    """The process settings :func:`tune_backends` applies on a device type.
-
-    Matrix products stay IEEE float32 everywhere ("highest"): DigitCaps' prediction
-    vectors, the routing and (in a float32 plan) the decoder are float32 as the model
-    promises, not TF32 on Ampere and later GPUs. cuDNN autotunes the fixed-size
-    convolutions unless ``deterministic`` asks for reproducible algorithms instead; its
-    convolutions keep torch's default of TF32 on those GPUs (the arithmetic-heavy part,
-    where a bf16 plan goes further anyway)."""
+    """The process settings :func:`tune_backends` applies on a device type: matrix products
+    in IEEE float32 (no TF32: the prediction vectors and routing stay float32 as promised;
+    cuDNN's convolutions keep torch's TF32 default), cuDNN autotuning unless
+    ``deterministic``."""
     flags = {"matmul_precision": "highest"}
     if device_type == "cuda":
         flags.update(cudnn_benchmark=not deterministic, cudnn_deterministic=deterministic)

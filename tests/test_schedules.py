@@ -9,7 +9,14 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import ExponentialLR
 
-from capsnet.training.optimisation import Schedule, WeightEMA, make_scheduler, replan
+from capsnet.checkpoint import CheckpointError
+from capsnet.training.optimisation import (
+    Schedule,
+    WeightEMA,
+    build_training,
+    make_scheduler,
+    replan,
+)
 from capsnet.training.settings import TrainSettings
 
 
@@ -238,3 +245,15 @@ def test_ema_state_round_trip_continues_exactly():
 def test_ema_decay_must_be_below_one():
     with pytest.raises(ValueError, match="decay"):
         WeightEMA(Scalar(), decay=1.0)
+
+
+def test_a_per_epoch_schedule_of_an_earlier_version_is_one_clear_error():
+    """The paper's schedule was an ExponentialLR stepped per epoch before: its checkpoints
+    do not resume silently on another schedule."""
+    settings = TrainSettings(model="cnn", preset="small", epochs=2)
+    training = build_training(settings, {"image_size": 28, "num_classes": 10},
+                              torch.device("cpu"))
+    old = {"base_lrs": [1e-3], "last_epoch": 1, "gamma": 0.96, "min_lr": 0.0}
+    with pytest.raises(CheckpointError, match="old.pt: its learning-rate schedule was saved by "
+                                              "an earlier capsnet"):
+        training.restore({"scheduler": old, "state_dict": {}, "optimizer": {}}, "old.pt")

@@ -57,11 +57,10 @@ def env_ranks() -> tuple[int, int, int]:
 
 def backend_for(device: torch.device) -> str:
     """The collective backend for a device type: NCCL on CUDA GPUs, gloo on CPUs."""
-    if device.type == "cuda":
-        return "nccl"
-    if device.type == "cpu":
-        return "gloo"
-    raise ValueError(f"distributed training runs on CUDA or CPU devices, not {device.type!r}")
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"distributed training runs on CUDA or CPU devices, not "
+                         f"{device.type!r}")
+    return "nccl" if device.type == "cuda" else "gloo"
 
 
 def device_for(requested: str, local_rank: int, world_size: int) -> torch.device:
@@ -122,10 +121,8 @@ def local_main_first(world: World) -> Iterator[None]:
 
 def barrier(world: World) -> None:
     """Wait for every rank; under NCCL on this rank's own GPU (not the one NCCL would guess)."""
-    if world.device.type == "cuda" and world.device.index is not None:
-        dist.barrier(device_ids=[world.device.index])
-    else:
-        dist.barrier()
+    own_gpu = world.device.type == "cuda" and world.device.index is not None
+    dist.barrier(device_ids=[world.device.index] if own_gpu else None)
 
 
 def per_rank_batch(global_batch: int, world: World) -> int:
@@ -214,11 +211,10 @@ def rng_state(device: torch.device = CPU, world: World | None = None) -> dict:
     the CPU and Python generators and every rank's CUDA generator (``cuda_by_rank``; under
     DDP on GPUs every rank must call this, a gather)."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    world = world or World()
     if device.type == "cuda":
         mine = torch.cuda.get_rng_state(device)  # (N,) uint8 on the CPU
         state["cuda_by_rank"] = [mine]
-        if world.distributed:
+        if world is not None and world.distributed:
             state["cuda_by_rank"] = [None] * world.size
             dist.all_gather_object(state["cuda_by_rank"], mine)
     return state

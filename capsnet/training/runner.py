@@ -104,7 +104,7 @@ def run_task(task: Task, resume: str | None = None, argv: list[str] | None = Non
     each epoch at ``batch_size / world``; rank 0 alone logs and writes, and every rank
     returns its results."""
     world = distributed.setup(task.settings.device)
-    log = log if world.is_main else _quiet
+    log = log if world.is_main else (lambda _: None)  # rank 0 alone logs
     finished = False
     try:
         results = _run(task, resume, argv, log, world)
@@ -112,10 +112,6 @@ def run_task(task: Task, resume: str | None = None, argv: list[str] | None = Non
         return results
     finally:
         distributed.teardown(world, wait_for_all=finished)
-
-
-def _quiet(_: str) -> None:
-    """The log of ranks other than 0."""
 
 
 def _run(task: Task, resume: str | None, argv, log: Log, world: World) -> dict:

@@ -118,9 +118,6 @@ class TrainSettings:
         if self.max_shift is None:  # the 'shift' augmentation's; a run without it records 0
             self.max_shift = recipe.max_shift if self.augment == "shift" else 0
         self.check()
-        if self.keep_every is not None and self.keep_every < 1:
-            raise ValueError(f"keep_every must be a positive number of epochs, "
-                             f"not {self.keep_every}")
 
     def model_options(self) -> dict:
         """The model's config options these settings name (not left to the preset)."""
@@ -131,7 +128,7 @@ class TrainSettings:
         return {name: value for name, value in options.items() if value is not None}
 
     def check(self) -> None:
-        """A ValueError for a schedule, moving average or augmentation that cannot run."""
+        """A ValueError for a schedule, average, augmentation or --keep-every that cannot run."""
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose from "
                              f"{', '.join(SCHEDULES)}")
@@ -150,6 +147,9 @@ class TrainSettings:
         if self.augment != "shift" and self.crop is not None:
             raise ValueError(f"crop takes the place of augment 'shift'; it does not combine "
                              f"with augment {self.augment!r}")
+        if self.keep_every is not None and self.keep_every < 1:
+            raise ValueError(f"keep_every must be a positive number of epochs, "
+                             f"not {self.keep_every}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
