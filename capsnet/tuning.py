@@ -120,7 +120,8 @@ def tune_for_inference(model: nn.Module, device: torch.device, precision: str = 
 
 GIB = 2**30
 MIB = 2**20
-PROBE_BATCHES = (8, 16)  # two small batches: the fixed part and the part per image
+# two small batches: the fixed part and the part per image (at 8 some steps are not yet linear)
+PROBE_BATCHES = (16, 32)
 ADAM_MOMENTS = 2  # Adam keeps two tensors the size of each parameter
 # Of a GPU's memory, the share torch's caching allocator can use (fragmentation), and what
 # the CUDA context and libraries take outside it.

@@ -100,7 +100,7 @@ def rates(optimizer, scheduler, steps: int) -> list[float]:
 
 def restored(settings: TrainSettings, optimizer, scheduler, steps_per_epoch: int = 4):
     """A new optimiser and scheduler built for ``settings``, loaded from the given ones'
-    states and re-planned to ``settings``' length; and the note replan_length returned."""
+    states and re-planned to ``settings``' length; and the note replan returned."""
     resumed_optimizer = adam(settings.lr)
     resumed = make_scheduler(resumed_optimizer, settings, steps_per_epoch)
     planned = resumed.lr_lambdas[0]
