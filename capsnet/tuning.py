@@ -1,21 +1,17 @@
 """How a model computes on the machine at hand, by a rule, and how much memory its training
 step takes, measured.
 
-The speed plan (nothing is timed: the same machine and flags always give the same plan):
-precision 'auto' is bf16 autocast where the device computes bf16 natively (CPUs with
-AVX512-BF16 or AMX, CUDA GPUs of compute capability 8.0 on), else float32; conv_impl 'auto'
-is the per-kernel-row GEMMs on a CPU (:mod:`capsnet.layers.gemm_conv`), PyTorch's
-convolution (cuDNN) elsewhere.
+The speed plan (nothing is timed): precision 'auto' is bf16 autocast where the device
+computes bf16 natively (CPUs with AVX512-BF16 or AMX, CUDA GPUs from compute capability 8.0),
+else float32; conv_impl 'auto' is the per-kernel-row GEMMs on a CPU
+(:mod:`capsnet.layers.gemm_conv`), PyTorch's convolution (cuDNN) elsewhere.
 
 The memory estimate: a copy of the model trains with its own Adam as ``train_one_epoch``
-runs a step: forward and loss (the last step's gradients still held), ``zero_grad``,
-backward, Adam's step. After a first step has made the gradients and Adam's moments, one
-step at each of two small batches (``PROBE_BATCHES``) gives each phase's peak a fixed part
-and a part per image; the estimate at the run's batch is the largest phase, extrapolated,
-plus the weights. On CUDA the peaks are ``torch.cuda.max_memory_allocated`` (cuDNN's
-workspaces in, the CUDA context and the allocator's cache out); elsewhere the peak bytes of
-live tensors (:class:`LiveTensorBytes`), without oneDNN's scratch memory and the C heap's
-slack, so a process's resident set is higher.
+orders a step (forward and loss with the last step's gradients still held, ``zero_grad``,
+backward, Adam's step) at two small batches (``PROBE_BATCHES``); each phase's peak is a
+fixed part plus a part per image, and the estimate is the largest phase at the run's batch
+plus the weights. Peaks: CUDA's ``max_memory_allocated``; elsewhere live tensors' bytes
+(:class:`LiveTensorBytes`, without oneDNN's scratch memory or the C heap's slack).
 """
 from __future__ import annotations
 
