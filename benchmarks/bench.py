@@ -38,17 +38,10 @@ from pathlib import Path
 
 import torch
 
-from capsnet.devices import pick_device, synchronize, tune_backends
+from capsnet.devices import cpu_info, native_bf16, pick_device, synchronize, tune_backends
 from capsnet.layers.gemm_conv import CONV_IMPLS
 from capsnet.models.base import PRECISIONS
-from capsnet.tuning import (
-    SpeedPlan,
-    apply_plan,
-    choose_plan,
-    conv_layers,
-    cpu_info,
-    native_bf16,
-)
+from capsnet.tuning import SpeedPlan, apply_plan, choose_plan, conv_layers
 
 REPO = Path(__file__).resolve().parents[1]  # the workers run `python -m benchmarks.bench` here
 REFERENCES = ("seed-style", "broadcast-style")
@@ -97,7 +90,7 @@ def plan_for_case(case: str, model, device: torch.device, batch: int) -> SpeedPl
     if len(parts) == 3 and parts[1] in PRECISIONS:
         precision, impl = parts[1], "-".join(parts[2:])
         return SpeedPlan(precision, {name: impl for name, _ in conv_layers(model)})
-    return choose_plan(model, device, batch)
+    return choose_plan(model, device)
 
 
 def build(case: str, device: torch.device, batch: int):

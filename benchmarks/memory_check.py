@@ -1,4 +1,4 @@
-"""Peak memory of whole training steps at the full batch against capsnet.tuning.memory's
+"""Peak memory of whole training steps at the full batch against capsnet.tuning's
 estimate (one step at two small batches, extrapolated).
 
     python -m benchmarks.memory_check              # the table of docs/gpu.md (CPU)
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from capsnet.tuning.memory import LiveTensorBytes
+from capsnet.tuning import LiveTensorBytes
 
 MIB = 2**20
 
@@ -128,10 +128,9 @@ CHECKS = (("paper", "capsnet", {}),
 
 
 def estimated_peak(config, batch_size: int, precision: str = "fp32", impl: str = "gemm") -> int:
-    """capsnet.tuning.memory's estimate for a fresh model of ``config`` as ``train`` makes it."""
+    """capsnet.tuning's estimate for a fresh model of ``config`` as ``train`` makes it."""
     from capsnet.models import build_model
-    from capsnet.tuning import SpeedPlan, apply_plan, conv_layers
-    from capsnet.tuning.memory import measure_training_memory
+    from capsnet.tuning import SpeedPlan, apply_plan, conv_layers, measure_training_memory
 
     torch.manual_seed(0)
     model = build_model(config)

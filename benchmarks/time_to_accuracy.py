@@ -13,7 +13,7 @@ import sys
 
 from benchmarks import sweep
 from benchmarks.sweep import Study, Variant
-from capsnet.training.recipes import RECIPES
+from capsnet.training.settings import RECIPES
 
 THRESHOLDS = (0.990, 0.994, 0.995)
 PAPER_EPOCHS = 40  # the protocol run's

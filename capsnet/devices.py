@@ -1,15 +1,28 @@
-"""Choosing the device once, for the command line; the library itself takes tensors' devices."""
+"""Choosing the device once, for the command line (the library itself takes tensors'
+devices), the process settings for it, and what machine it is: the CPU's model and flags,
+the GPU's compute capability, native bf16, one description for checkpoints. Decisions on the
+hardware are functions of plain values, so that a CPU test checks what a GPU would get."""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import platform
 import sys
+from functools import lru_cache
+from pathlib import Path
 
 import torch
 
 # glibc mallopt() parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
+CPUINFO = Path("/proc/cpuinfo")
+# CPU flags (Linux names) of instructions that compute in bf16 natively; without them
+# PyTorch emulates bf16 in float32 and autocast only adds conversions.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+# NVIDIA GPUs compute bf16 natively from compute capability 8.0 (Ampere: A100, RTX 30xx) on.
+BF16_MIN_CAPABILITY = (8, 0)
+Capability = tuple[int, int]
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -41,14 +54,9 @@ def check_cuda_device(device: torch.device, visible: int) -> None:
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc's malloc to serve every allocation from its heap and keep freed memory
-    for reuse instead of handing it back to the kernel. True if it was applied.
-
-    PyTorch's CPU allocator has no cache: each large tensor is a fresh ``mmap`` whose pages
-    fault in one by one, and a CapsNet step frees and re-allocates hundreds of MB. On the
-    2-core benchmark machine this alone made a training step about 30% faster (see
-    docs/performance.md). The cost is a higher resident set (it holds the peak), which is
-    what a training process reaches anyway. Linux/glibc only; elsewhere nothing changes."""
+    """Ask glibc's malloc to keep freed memory for reuse rather than ``mmap`` each large
+    tensor afresh (PyTorch's CPU allocator has no cache; docs/performance.md), at the cost of
+    a resident set that holds the peak. True if applied (Linux/glibc only)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -60,14 +68,10 @@ def keep_freed_memory() -> bool:
 
 
 def backend_flags(device_type: str, deterministic: bool = False) -> dict:
-    """The process settings :func:`tune_backends` applies on a device type.
-
-    Matrix products stay IEEE float32 everywhere ("highest"): DigitCaps' prediction
-    vectors, the routing and (in a float32 plan) the decoder are float32 as the model
-    promises, not TF32 on Ampere and later GPUs. cuDNN autotunes the fixed-size
-    convolutions unless ``deterministic`` asks for reproducible algorithms instead; its
-    convolutions keep torch's default of TF32 on those GPUs (the arithmetic-heavy part,
-    where a bf16 plan goes further anyway)."""
+    """The process settings :func:`tune_backends` applies on a device type: matrix products
+    in IEEE float32 (no TF32: the prediction vectors and routing stay float32 as promised;
+    cuDNN's convolutions keep torch's TF32 default), cuDNN autotuning unless
+    ``deterministic``."""
     flags = {"matmul_precision": "highest"}
     if device_type == "cuda":
         flags.update(cudnn_benchmark=not deterministic, cudnn_deterministic=deterministic)
@@ -91,3 +95,69 @@ def synchronize(device: torch.device | str) -> None:
     """Wait for the device's queued work (a no-op on a CPU): before reading a clock."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@lru_cache(maxsize=1)
+def cpu_info() -> tuple[str, frozenset[str]]:
+    """(model name, flags) of the first CPU in /proc/cpuinfo; elsewhere the platform's
+    processor string and no flags."""
+    model, flags = "", frozenset()
+    try:
+        for line in CPUINFO.read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and not model:
+                model = value.strip()
+            elif key == "flags" and not flags:
+                flags = frozenset(value.split())
+            if model and flags:
+                break
+    except OSError:
+        pass
+    return model or platform.processor() or platform.machine(), flags
+
+
+def has_native_bf16(device_type: str, capability: Capability | None = None,
+                    cpu_flags: frozenset[str] = frozenset()) -> bool:
+    """True where bf16 arithmetic runs natively: CUDA GPUs of compute capability 8.0 and
+    later, CPUs with AVX512-BF16 or AMX."""
+    if device_type == "cuda":
+        return capability is not None and capability >= BF16_MIN_CAPABILITY
+    return device_type == "cpu" and any(flag in cpu_flags for flag in BF16_CPU_FLAGS)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """:func:`has_native_bf16` of ``device`` itself (e.g. cuda:1, not the current GPU)."""
+    capability = (tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda"
+                  else None)
+    return has_native_bf16(device.type, capability, cpu_info()[1])
+
+
+def describe_machine(device_type: str, name: str, torch_version: str, *, threads: int | None = None,
+                     capability: Capability | None = None, cuda: str | None = None,
+                     cudnn: int | None = None, backends: dict | None = None) -> dict:
+    """What the kernels a run computes with depend on. CPUs: the model and the thread
+    count. GPUs: the model, compute capability, CUDA and cuDNN versions."""
+    what = {"device": device_type, "name": name, "torch": torch_version}
+    if device_type == "cuda":
+        what.update(capability=list(capability) if capability else None, cuda=cuda, cudnn=cudnn)
+    else:
+        what["threads"] = threads
+    if backends:
+        what["backends"] = dict(backends)
+    return what
+
+
+def machine_description(device: torch.device) -> dict:
+    """:func:`describe_machine` of ``device`` as this process runs it, with the process
+    settings that change which kernels run (:func:`tune_backends`)."""
+    backends = {"matmul": torch.get_float32_matmul_precision()}
+    if device.type != "cuda":
+        return describe_machine(device.type, cpu_info()[0], str(torch.__version__),
+                                threads=torch.get_num_threads(), backends=backends)
+    backends.update(cudnn_tf32=bool(torch.backends.cudnn.allow_tf32),
+                    cudnn_deterministic=bool(torch.backends.cudnn.deterministic))
+    return describe_machine("cuda", torch.cuda.get_device_name(device), str(torch.__version__),
+                            capability=tuple(torch.cuda.get_device_capability(device)),
+                            cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
+                            backends=backends)

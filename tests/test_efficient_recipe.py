@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.optim.lr_scheduler import ExponentialLR
 
 from capsnet.checkpoint import load_checkpoint
 from capsnet.cli.args import settings_from_args
@@ -34,8 +33,8 @@ from capsnet.data.image_dataset import to_model_input
 from capsnet.training import TrainSettings
 from capsnet.training.loop import StepOptions, train_one_epoch
 from capsnet.training.metrics_log import read_metrics
-from capsnet.training.recipes import FAST_RECIPE, PAPER_RECIPE, recipe_for
-from capsnet.training.schedules import FlooredExponentialLR, exp_staircase, make_scheduler
+from capsnet.training.optimisation import Schedule, make_scheduler
+from capsnet.training.settings import FAST_RECIPE, PAPER_RECIPE, recipe_for
 from tests.conftest import make_fake_digits
 
 # --- the recipe -------------------------------------------------------------------------------
@@ -84,7 +83,7 @@ def test_the_fast_recipe_of_efficient_capsnet_is_the_fast_one_at_its_rate():
     s = TrainSettings(model="efficient", recipe="fast")
     assert s.lr == pytest.approx(FAST_RECIPE.lr_scale * 5e-4)
     assert s.min_lr == pytest.approx(FAST_RECIPE.min_lr * 5e-4 / 1e-3)
-    # its authors' augmentation, and longer than CapsNet's 15 epochs (recipes.py says why)
+    # its authors' augmentation, and longer than CapsNet's 15 epochs (its registry entry says why)
     assert (s.epochs, s.batch_size, s.schedule, s.ema_decay, s.augment, s.max_shift) == (
         25, FAST_RECIPE.batch_size, "cosine", FAST_RECIPE.ema_decay, "efficient", 0)
     assert s.warmup_epochs == FAST_RECIPE.warmup_epochs and s.ema_warmup
@@ -129,37 +128,32 @@ def epoch_rates(optimizer, scheduler, epochs: int) -> list[float]:
 def test_the_exp_schedule_stops_at_the_floor_as_learn_scheduler_does():
     settings = TrainSettings(model="efficient")
     optimizer = adam(settings.lr)
-    scheduler, per_step = make_scheduler(optimizer, settings, steps_per_epoch=3750)
-    assert isinstance(scheduler, FlooredExponentialLR) and per_step is False
+    scheduler = make_scheduler(optimizer, settings, steps_per_epoch=1)
     rates = epoch_rates(optimizer, scheduler, 150)
     # utils/tools.py: lr * lr_dec ** epoch, 5e-5 when that is below it
     assert rates == pytest.approx([max(5e-5, 5e-4 * 0.97 ** e) for e in range(150)], rel=1e-12)
-    assert rates[75] > 5e-5 and rates[76:] == [5e-5] * 74  # the floor from the 77th epoch on
-
-
-def test_without_a_floor_the_rates_are_exponentiallrs_to_the_bit():
-    plain_optimizer, floored_optimizer = adam(1e-3), adam(1e-3)
-    plain = ExponentialLR(plain_optimizer, 0.96)
-    floored = FlooredExponentialLR(floored_optimizer, 0.96, min_lr=0.0)
-    assert epoch_rates(floored_optimizer, floored, 60) == epoch_rates(plain_optimizer, plain, 60)
+    assert rates[75] > 5e-5 * (1 + 1e-9)
+    assert rates[76:] == pytest.approx([5e-5] * 74, rel=1e-12)  # the floor from epoch 77 on
 
 
 def test_a_resumed_floored_schedule_goes_on_exactly():
     optimizer = adam(1.0)
-    scheduler = FlooredExponentialLR(optimizer, 0.5, min_lr=0.1)
+    settings = TrainSettings(lr=1.0, lr_decay=0.5, min_lr=0.1)
+    scheduler = make_scheduler(optimizer, settings, steps_per_epoch=1)
     epoch_rates(optimizer, scheduler, 2)
     resumed_optimizer = adam(1.0)
-    resumed = FlooredExponentialLR(resumed_optimizer, 0.5, min_lr=0.0)
+    resumed = make_scheduler(resumed_optimizer, TrainSettings(lr=1.0, lr_decay=0.5), 1)
     resumed_optimizer.load_state_dict(optimizer.state_dict())
     resumed.load_state_dict(scheduler.state_dict())  # the floor comes with the state
     assert epoch_rates(resumed_optimizer, resumed, 3) == epoch_rates(optimizer, scheduler, 3)
-    assert resumed_optimizer.param_groups[0]["lr"] == 0.1
+    assert resumed_optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
 
 
 def test_the_per_step_exp_staircase_has_the_floor_too():
     # x 0.5 per epoch of 2 steps, floor 0.3
-    assert [exp_staircase(s, 0, 2, 0.5, floor=0.3) for s in range(6)] == [1, 1, 0.5, 0.5, 0.3,
-                                                                           0.3]
+    staircase = Schedule("exp", warmup_steps=0, total_steps=0, floor=0.3, steps_per_epoch=2,
+                         decay=0.5)
+    assert [staircase(s) for s in range(6)] == [1, 1, 0.5, 0.5, 0.3, 0.3]
 
 
 # --- 1. rotation -----------------------------------------------------------------------------
@@ -441,7 +435,7 @@ def test_the_recipe_lands_in_the_runs_config(tiny_mnist_dir, tmp_path):
             settings["schedule"], settings["augment"], settings["max_shift"]) == (
         16, 5e-4, 0.97, 5e-5, "exp", "efficient", 0)
     assert read_metrics(out)[0]["lr"] == 5e-4
-    assert load_checkpoint(out / "last.pt")["scheduler"]["min_lr"] == 5e-5
+    assert load_checkpoint(out / "last.pt")["scheduler"]["lr_lambdas"][0]["floor"] == 0.1
 
 
 def test_a_resumed_run_equals_an_uninterrupted_one(tiny_mnist_dir, tmp_path):

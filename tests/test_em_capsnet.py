@@ -39,8 +39,7 @@ from capsnet.models.em_capsnet import PRIMARY_POSE_RMS
 from capsnet.training import loop
 from capsnet.training.fit import ClassifyTask
 from capsnet.training.optimisation import build_training, initialise_from_data
-from capsnet.training.recipes import FAST_RECIPE
-from capsnet.training.settings import TrainSettings
+from capsnet.training.settings import FAST_RECIPE, TrainSettings
 from capsnet.tuning import choose_plan
 
 EM_LR = MODELS["em"].lr

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capsnet.devices import backend_flags, check_cuda_device
+from capsnet.devices import backend_flags, check_cuda_device, describe_machine
 from capsnet.models import CapsNet, CapsNetConfig
 from capsnet.training.distributed import cuda_index_for
-from capsnet.tuning.hardware import describe_machine
 
 CPU = torch.device("cpu")
 

@@ -16,7 +16,7 @@ from capsnet.training import TrainSettings, fit
 from capsnet.training.fit import prepare_data
 from capsnet.training.loop import evaluate
 from capsnet.training.metrics_log import read_metrics
-from capsnet.training.recipes import FAST_RECIPE, PAPER_RECIPE
+from capsnet.training.settings import FAST_RECIPE, PAPER_RECIPE
 
 FIXED_KERNELS = {"precision": "fp32"}
 QUIET = {"log": lambda _: None}

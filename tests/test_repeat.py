@@ -7,12 +7,14 @@ import pytest
 import torch
 
 from capsnet.cli.main import main
-from capsnet.training.repeat import ensemble_of_checkpoints, ensemble_scores, mean_std
-from capsnet.training.scores import (
+from capsnet.training.fit import save_test_scores
+from capsnet.training.repeat import (
     ensemble_from_runs,
+    ensemble_of_checkpoints,
+    ensemble_scores,
     error_of,
     load_test_scores,
-    save_test_scores,
+    mean_std,
 )
 from capsnet.training.settings import TrainSettings
 from tests.conftest import last_error_line

@@ -16,8 +16,8 @@ from capsnet.experiments.matching import kept_checkpoints
 from capsnet.models import build_model, make_config
 from capsnet.training import TrainSettings, fit
 from capsnet.training import runner as runner_module
+from capsnet.training.distributed import cuda_rng_state_for, rng_state, set_rng_state
 from capsnet.training.loop import backward_and_step
-from capsnet.training.rng import cuda_rng_state_for, rng_state, set_rng_state
 from capsnet.training.settings import resumed_settings
 
 

@@ -7,18 +7,31 @@ import math
 import pytest
 import torch
 from torch import nn
-from torch.optim.lr_scheduler import ExponentialLR, LambdaLR
+from torch.optim.lr_scheduler import ExponentialLR
 
-from capsnet.training.ema import WeightEMA
-from capsnet.training.schedules import (
-    exp_staircase,
+from capsnet.checkpoint import CheckpointError
+from capsnet.training.optimisation import (
+    Schedule,
+    WeightEMA,
+    build_training,
     make_scheduler,
-    one_cycle,
-    replan_length,
-    step_schedule,
-    warmup_cosine,
+    replan,
 )
 from capsnet.training.settings import TrainSettings
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int, floor: float) -> float:
+    return Schedule("cosine", warmup_steps, total_steps, floor, steps_per_epoch=1, decay=1.0)(step)
+
+
+def one_cycle(step: int, warmup_steps: int, total_steps: int, floor: float) -> float:
+    return Schedule("onecycle", warmup_steps, total_steps, floor, steps_per_epoch=1,
+                    decay=1.0)(step)
+
+
+def exp_staircase(step: int, warmup_steps: int, steps_per_epoch: int, decay: float,
+                  floor: float = 0.0) -> float:
+    return Schedule("exp", warmup_steps, 0, floor, steps_per_epoch, decay)(step)
 
 
 @pytest.mark.parametrize("step, expected", [
@@ -58,9 +71,21 @@ def adam(lr: float = 1.0) -> torch.optim.Adam:
 
 
 def test_the_paper_schedule_is_exponential_per_epoch():
-    scheduler, per_step = make_scheduler(adam(), TrainSettings(), steps_per_epoch=430)
-    assert isinstance(scheduler, ExponentialLR) and per_step is False
-    assert scheduler.gamma == 0.96
+    optimizer, plain_optimizer = adam(), adam()
+    scheduler = make_scheduler(optimizer, TrainSettings(), steps_per_epoch=3)
+    plain = ExponentialLR(plain_optimizer, 0.96)
+    used = rates(optimizer, scheduler, 3 * 40)
+    assert used[::3] == pytest.approx(epoch_rates(plain_optimizer, plain, 40), rel=1e-12)
+    assert used[:3] == [1.0] * 3  # the rate holds within an epoch
+
+
+def epoch_rates(optimizer, scheduler, epochs: int) -> list[float]:
+    used = []
+    for _ in range(epochs):
+        used.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return used
 
 
 def rates(optimizer, scheduler, steps: int) -> list[float]:
@@ -75,20 +100,20 @@ def rates(optimizer, scheduler, steps: int) -> list[float]:
 
 def restored(settings: TrainSettings, optimizer, scheduler, steps_per_epoch: int = 4):
     """A new optimiser and scheduler built for ``settings``, loaded from the given ones'
-    states and re-planned to ``settings``' length; and the note replan_length returned."""
+    states and re-planned to ``settings``' length; and the note replan returned."""
     resumed_optimizer = adam(settings.lr)
-    resumed, _ = make_scheduler(resumed_optimizer, settings, steps_per_epoch)
-    planned = step_schedule(resumed).total_steps
+    resumed = make_scheduler(resumed_optimizer, settings, steps_per_epoch)
+    planned = resumed.lr_lambdas[0]
+    total_steps, decay = planned.total_steps, planned.decay
     resumed_optimizer.load_state_dict(optimizer.state_dict())
     resumed.load_state_dict(scheduler.state_dict())
-    return resumed_optimizer, resumed, replan_length(resumed, planned)
+    return resumed_optimizer, resumed, replan(resumed, total_steps, decay)
 
 
 def test_cosine_is_set_every_step_and_resumes_with_its_own_length():
     settings = TrainSettings(recipe="fast", epochs=3, lr=2.0, min_lr=0.02, warmup_epochs=1)
     optimizer = adam(settings.lr)
-    scheduler, per_step = make_scheduler(optimizer, settings, steps_per_epoch=4)
-    assert isinstance(scheduler, LambdaLR) and per_step is True
+    scheduler = make_scheduler(optimizer, settings, steps_per_epoch=4)
     first = rates(optimizer, scheduler, 5)
     assert first == pytest.approx([2.0 * warmup_cosine(s, 4, 12, 0.01) for s in range(5)])
     # resumed with its own length: the saved schedule goes on exactly, nothing re-planned
@@ -104,7 +129,7 @@ def test_a_schedule_resumed_with_more_epochs_ends_at_the_new_end():
     settings = TrainSettings(recipe="fast", epochs=3, lr=2.0, min_lr=0.02, warmup_epochs=1)
     longer = TrainSettings(recipe="fast", epochs=6, lr=2.0, min_lr=0.02, warmup_epochs=1)
     optimizer = adam(settings.lr)
-    scheduler, _ = make_scheduler(optimizer, settings, steps_per_epoch=4)
+    scheduler = make_scheduler(optimizer, settings, steps_per_epoch=4)
     rates(optimizer, scheduler, 5)
     resumed_optimizer, resumed, change = restored(longer, optimizer, scheduler)
     next_rate = 2.0 * warmup_cosine(5, 4, 24, 0.01)
@@ -123,7 +148,7 @@ def test_a_schedule_resumed_with_more_epochs_ends_at_the_new_end():
     cycle = TrainSettings(recipe="fast", schedule="onecycle", epochs=6, lr=2.0, min_lr=0.02,
                           warmup_epochs=1)
     cycle_optimizer = adam(cycle.lr)
-    cycle_scheduler, _ = make_scheduler(cycle_optimizer, cycle, steps_per_epoch=4)
+    cycle_scheduler = make_scheduler(cycle_optimizer, cycle, steps_per_epoch=4)
     rates(cycle_optimizer, cycle_scheduler, 6)
     shorter = TrainSettings(recipe="fast", schedule="onecycle", epochs=4, lr=2.0,
                             min_lr=0.02, warmup_epochs=1)
@@ -135,7 +160,7 @@ def test_a_schedule_resumed_with_more_epochs_ends_at_the_new_end():
 def test_the_exp_staircase_does_not_depend_on_the_run_length():
     settings = TrainSettings(lr=1.0, warmup_epochs=0.5, lr_decay=0.5, epochs=3)
     optimizer = adam(settings.lr)
-    scheduler, _ = make_scheduler(optimizer, settings, steps_per_epoch=4)
+    scheduler = make_scheduler(optimizer, settings, steps_per_epoch=4)
     rates(optimizer, scheduler, 6)
     longer = TrainSettings(lr=1.0, warmup_epochs=0.5, lr_decay=0.5, epochs=8)
     resumed_optimizer, resumed, change = restored(longer, optimizer, scheduler)
@@ -143,11 +168,21 @@ def test_the_exp_staircase_does_not_depend_on_the_run_length():
     assert rates(resumed_optimizer, resumed, 6) == rates(optimizer, scheduler, 6)
 
 
+def test_a_resume_with_another_lr_decay_decays_by_it_from_the_next_epoch_on():
+    settings = TrainSettings(lr=1.0, lr_decay=0.5, epochs=6)
+    optimizer = adam(settings.lr)
+    scheduler = make_scheduler(optimizer, settings, steps_per_epoch=2)
+    assert rates(optimizer, scheduler, 4) == [1.0, 1.0, 0.5, 0.5]
+    faster = TrainSettings(lr=1.0, lr_decay=0.25, epochs=6)
+    resumed_optimizer, resumed, change = restored(faster, optimizer, scheduler, 2)
+    assert change is None
+    assert rates(resumed_optimizer, resumed, 4) == [0.25, 0.25, 0.0625, 0.0625]
+
+
 def test_warm_up_turns_the_exp_schedule_into_a_per_step_staircase():
     settings = TrainSettings(lr=1.0, warmup_epochs=0.5, lr_decay=0.5, epochs=3)
     optimizer = adam(settings.lr)
-    scheduler, per_step = make_scheduler(optimizer, settings, steps_per_epoch=4)
-    assert per_step is True
+    scheduler = make_scheduler(optimizer, settings, steps_per_epoch=4)
     assert rates(optimizer, scheduler, 9) == pytest.approx([0.5, 1, 1, 1, 0.5, 0.5, 0.5, 0.5,
                                                             0.25])
 
@@ -210,3 +245,15 @@ def test_ema_state_round_trip_continues_exactly():
 def test_ema_decay_must_be_below_one():
     with pytest.raises(ValueError, match="decay"):
         WeightEMA(Scalar(), decay=1.0)
+
+
+def test_a_per_epoch_schedule_of_an_earlier_version_is_one_clear_error():
+    """The paper's schedule was an ExponentialLR stepped per epoch before: its checkpoints
+    do not resume silently on another schedule."""
+    settings = TrainSettings(model="cnn", preset="small", epochs=2)
+    training = build_training(settings, {"image_size": 28, "num_classes": 10},
+                              torch.device("cpu"))
+    old = {"base_lrs": [1e-3], "last_epoch": 1, "gamma": 0.96, "min_lr": 0.0}
+    with pytest.raises(CheckpointError, match="old.pt: its learning-rate schedule was saved by "
+                                              "an earlier capsnet"):
+        training.restore({"scheduler": old, "state_dict": {}, "optimizer": {}}, "old.pt")

@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 
+import capsnet.tuning as plan_module
+from capsnet.devices import has_native_bf16
 from capsnet.models import CapsNet, CapsNetConfig, build_model, make_config
 from capsnet.tuning import (
     SpeedPlan,
@@ -16,8 +18,6 @@ from capsnet.tuning import (
     current_plan,
     tune_for_inference,
 )
-from capsnet.tuning import plan as plan_module
-from capsnet.tuning.hardware import has_native_bf16
 
 CPU = torch.device("cpu")
 TINY = CapsNetConfig(image_size=12, conv1_channels=8, conv1_kernel=3, primary_types=2,
@@ -64,7 +64,7 @@ def test_auto_on_a_gpu_is_cudnn_and_gemm_there_keeps_its_weight_layout(monkeypat
 
 def test_forced_choices_are_obeyed_and_bad_ones_name_the_choices():
     model = CapsNet(TINY)
-    plan = choose_plan(model, CPU, 128, precision="fp32", conv_impl="native")
+    plan = choose_plan(model, CPU, precision="fp32", conv_impl="native")
     assert plan.precision == "fp32" and set(plan.conv_impls.values()) == {"native"}
     assert plan.source == "given"
     with pytest.raises(ValueError, match="conv implementation 'winograd'; choose from auto, gemm"):

@@ -23,15 +23,17 @@ from capsnet.models.base import PRECISIONS
 from capsnet.models.cnn_baseline import CNN_DECODERS
 from capsnet.routing import capsnet_routers
 from capsnet.training.loop import NonFiniteLossError
-from capsnet.training.recipes import RECIPES, SCHEDULES, default_lr, recipe_for
 from capsnet.training.settings import (
     DEFAULT_VAL_SIZE,
+    RECIPES,
+    SCHEDULES,
     VAL_FRACTION_INVERSE,
     TrainSettings,
+    default_lr,
+    recipe_for,
     resumed_settings,
 )
-from capsnet.tuning import tune_for_inference
-from capsnet.tuning.memory import MemoryExceeded
+from capsnet.tuning import MemoryExceeded, tune_for_inference
 
 # Errors shown as 'capsnet: error: <message>' with no traceback.
 USER_ERRORS = (IDXError, DataNotFoundError, CheckpointError, FolderDatasetError,

@@ -9,8 +9,8 @@ from capsnet.cli import args as cli_args
 from capsnet.inference import model_device
 from capsnet.training.fit import fit
 from capsnet.training.loop import evaluate
-from capsnet.training.recipes import AUGMENTATIONS
 from capsnet.training.repeat import repeat_recipe
+from capsnet.training.settings import AUGMENTATIONS
 
 
 def add_train(subparsers) -> None:

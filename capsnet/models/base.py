@@ -52,7 +52,7 @@ class ModelEntry:
     presets: dict[str, dict]  # preset name -> config values ('paper': the defaults)
     lr: float  # Adam rate of the paper recipe (recipes scale it by lr_scale)
     preset_lr: dict[str, float] = field(default_factory=dict)  # presets with another rate
-    # recipe name -> its fields changed for this model (capsnet.training.recipes.RECIPES)
+    # recipe name -> its fields changed for this model (capsnet.training.settings.RECIPES)
     recipes: dict[str, dict] = field(default_factory=dict)
     # the config's values (defaults, preset, options) and the option names a caller gave ->
     # ConfigError for a combination the model cannot honour (unknown options are refused before)

@@ -1,6 +1,6 @@
 """Training: one epoch and evaluation (loop), the one epoch driver for every run (runner),
-classification (fit), several seeds (repeat), named recipes (recipes), learning-rate schedules
-(schedules), the weights' moving average (ema), checkpoint writing, settings, DDP, metrics."""
+classification (fit), several seeds (repeat), settings and recipes (settings), the model,
+Adam, schedule and moving average (optimisation), DDP (distributed), metrics (metrics_log)."""
 from capsnet.checkpoint import save_checkpoint
 from capsnet.training.fit import fit
 from capsnet.training.loop import (

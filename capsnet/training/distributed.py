@@ -1,4 +1,5 @@
-"""Data-parallel training across processes, as started by ``torchrun``.
+"""Data-parallel training across processes, as started by ``torchrun``, and the random
+state a checkpoint keeps.
 
 :func:`setup` reads torchrun's RANK, WORLD_SIZE and LOCAL_RANK, joins the process group
 (NCCL on CUDA, gloo on CPU) and places each process on its local rank's device; without
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -20,6 +22,7 @@ from capsnet.training.loop import EvalResult, evaluate
 
 # Environment variables set by torchrun for each process.
 ENV_RANK, ENV_WORLD_SIZE, ENV_LOCAL_RANK = "RANK", "WORLD_SIZE", "LOCAL_RANK"
+CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,7 @@ class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
-    device: torch.device = torch.device("cpu")
+    device: torch.device = CPU
     owns_group: bool = False  # True when setup() created the process group
 
     @property
@@ -54,11 +57,10 @@ def env_ranks() -> tuple[int, int, int]:
 
 def backend_for(device: torch.device) -> str:
     """The collective backend for a device type: NCCL on CUDA GPUs, gloo on CPUs."""
-    if device.type == "cuda":
-        return "nccl"
-    if device.type == "cpu":
-        return "gloo"
-    raise ValueError(f"distributed training runs on CUDA or CPU devices, not {device.type!r}")
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"distributed training runs on CUDA or CPU devices, not "
+                         f"{device.type!r}")
+    return "nccl" if device.type == "cuda" else "gloo"
 
 
 def device_for(requested: str, local_rank: int, world_size: int) -> torch.device:
@@ -107,11 +109,6 @@ def teardown(world: World, wait_for_all: bool = False) -> None:
         dist.destroy_process_group()
 
 
-def is_main() -> bool:
-    """True in rank 0 of a process group, or in a single process (for code without a World)."""
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
 @contextlib.contextmanager
 def local_main_first(world: World) -> Iterator[None]:
     """Run the body on local rank 0 of each machine first (e.g. a download), then on the others."""
@@ -124,10 +121,8 @@ def local_main_first(world: World) -> Iterator[None]:
 
 def barrier(world: World) -> None:
     """Wait for every rank; under NCCL on this rank's own GPU (not the one NCCL would guess)."""
-    if world.device.type == "cuda" and world.device.index is not None:
-        dist.barrier(device_ids=[world.device.index])
-    else:
-        dist.barrier()
+    own_gpu = world.device.type == "cuda" and world.device.index is not None
+    dist.barrier(device_ids=[world.device.index] if own_gpu else None)
 
 
 def per_rank_batch(global_batch: int, world: World) -> int:
@@ -172,15 +167,6 @@ def summer(world: World):
     return lambda tensor: all_reduce_sum(tensor.to(world.device), world)
 
 
-def all_gather_objects(obj, world: World) -> list:
-    """Every rank's picklable ``obj``, in rank order (a one-element list in one process)."""
-    if not world.distributed:
-        return [obj]
-    gathered = [None] * world.size
-    dist.all_gather_object(gathered, obj)
-    return gathered
-
-
 def evaluate_sharded(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
                      world: World, num_classes: int, **kwargs) -> EvalResult:
     """:func:`~capsnet.training.loop.evaluate` with the examples dealt out to the ranks and
@@ -218,3 +204,38 @@ def broadcast_object(obj, world: World, src: int = 0):
     box = [obj]
     dist.broadcast_object_list(box, src=src, device=world.device)
     return box[0]
+
+
+def rng_state(device: torch.device = CPU, world: World | None = None) -> dict:
+    """The random state a checkpoint keeps, so that a resumed run draws what it would have:
+    the CPU and Python generators and every rank's CUDA generator (``cuda_by_rank``; under
+    DDP on GPUs every rank must call this, a gather)."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        mine = torch.cuda.get_rng_state(device)  # (N,) uint8 on the CPU
+        state["cuda_by_rank"] = [mine]
+        if world is not None and world.distributed:
+            state["cuda_by_rank"] = [None] * world.size
+            dist.all_gather_object(state["cuda_by_rank"], mine)
+    return state
+
+
+def cuda_rng_state_for(state: dict, rank: int, device_index: int | None) -> torch.Tensor | None:
+    """The saved CUDA generator state for ``rank`` (None for a larger world); earlier
+    checkpoints' ``cuda`` holds one state per visible GPU."""
+    if "cuda_by_rank" in state:
+        saved = state["cuda_by_rank"]
+        return saved[rank] if rank < len(saved) else None
+    saved = state.get("cuda") or []
+    index = device_index or 0
+    return saved[index] if index < len(saved) else None
+
+
+def set_rng_state(state: dict, device: torch.device = CPU, rank: int = 0) -> None:
+    """Inverse of :func:`rng_state` for ``rank`` on ``device`` (states moved back to the CPU)."""
+    torch.set_rng_state(state["torch"].cpu())
+    random.setstate(state["python"])
+    if device.type == "cuda":
+        cuda = cuda_rng_state_for(state, rank, device.index)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda.cpu(), device)

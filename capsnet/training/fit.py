@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -27,11 +29,13 @@ from capsnet.training import distributed
 from capsnet.training.distributed import World
 from capsnet.training.loop import StepOptions, evaluate, predict_scores, train_one_epoch
 from capsnet.training.runner import Log, Progress, Task, run_task
-from capsnet.training.scores import save_test_scores
 from capsnet.training.settings import TrainSettings, validation_size
 
 # Training images a model's data-dependent initialisation sees (the first of the split)
 INITIALISATION_IMAGES = 256
+# The tested model's test-set class scores beside results.json, for ensembles without weights
+SCORES_FILE = "test_scores.npy"
+LABELS_FILE = "test_labels.npy"
 
 
 @dataclass
@@ -65,9 +69,10 @@ class RunData:
 Datasets = tuple[ImageDataset, ImageDataset]  # (train, test)
 
 
-def load_run_datasets(settings: TrainSettings, log: Log = print,
-                      own: Datasets | None = None) -> Datasets:
-    """The run's (train, test) datasets at the requested size and channels."""
+def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print,
+                 own: Datasets | None = None) -> RunData:
+    """Load the dataset (or take your ``own``) at the requested size and channels, carve the
+    validation split, apply --subset, move to ``device``."""
     s = settings
     if own is None and s.dataset == FOLDER:
         # the test split carved out of a folder without test/ is the folder's own (seed 0),
@@ -88,18 +93,11 @@ def load_run_datasets(settings: TrainSettings, log: Log = print,
     if height != width:
         raise ValueError(f"the {s.dataset} images are {height}x{width}; the model takes square "
                          f"images: pass --image-size N (image_size=N) to resize them")
-    return train, test
-
-
-def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print,
-                 own: Datasets | None = None) -> RunData:
-    """Load the dataset, carve the validation split, apply --subset, move to ``device``."""
-    train, test = load_run_datasets(settings, log, own)
-    val_size = validation_size(settings.val_size, len(train.labels))
-    train_idx, val_idx = stratified_split(train.labels, val_size, settings.seed)
-    if settings.subset is not None:
-        train_idx = train_idx[: settings.subset]
-    crop = settings.crop or PRESET_CROPS.get(settings.preset)
+    val_size = validation_size(s.val_size, len(train.labels))
+    train_idx, val_idx = stratified_split(train.labels, val_size, s.seed)
+    if s.subset is not None:
+        train_idx = train_idx[: s.subset]
+    crop = s.crop or PRESET_CROPS.get(s.preset)
     test = test.to(device)
     if crop is not None:
         test = ImageDataset(center_crop(test.images, crop), test.labels, test.classes,
@@ -240,3 +238,10 @@ def fit(settings: TrainSettings | None = None, resume: str | None = None,
     if own is not None:
         settings = dataclasses.replace(settings, dataset=own[0].name)
     return run_task(ClassifyTask(settings, own), resume, argv, log)
+
+
+def save_test_scores(run_dir: str | Path, scores: torch.Tensor, labels: torch.Tensor) -> None:
+    """Write scores (N, J) as float32 and labels (N,) as int64 into ``run_dir``."""
+    run_dir = Path(run_dir)
+    np.save(run_dir / SCORES_FILE, scores.detach().float().cpu().numpy())
+    np.save(run_dir / LABELS_FILE, labels.detach().long().cpu().numpy())

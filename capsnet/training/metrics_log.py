@@ -1,6 +1,7 @@
 """Per-epoch metrics: a CSV file always, TensorBoard too when it is installed."""
 from __future__ import annotations
 
+import contextlib
 import csv
 from pathlib import Path
 
@@ -41,15 +42,11 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 
 def _number(text: str):
-    if text == "":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        try:
-            return float(text)
-        except ValueError:
-            return text
+    """A CSV cell as an int, a float, None when empty, else the text."""
+    for parse in (int, float):
+        with contextlib.suppress(ValueError):
+            return parse(text)
+    return None if text == "" else text
 
 
 def _tensorboard_writer(run_dir):

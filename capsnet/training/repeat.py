@@ -1,13 +1,16 @@
 """One recipe over several seeds: mean and standard deviation of the test errors and the
-ensemble's error (averaged capsule lengths). A repeat continues where it stopped."""
+ensemble's error (averaged class scores, capsule lengths for CapsNets), from each run's saved
+test scores (``test_scores.npy`` (N, J) float32, ``test_labels.npy`` (N,) int64) or, without
+them, its checkpoint. A repeat continues where it stopped."""
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
+import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -15,9 +18,9 @@ from capsnet.checkpoint import model_from_checkpoint
 from capsnet.data.model_view import load_test_set
 from capsnet.devices import pick_device
 from capsnet.training.distributed import env_ranks
-from capsnet.training.fit import fit
+from capsnet.training.fit import LABELS_FILE, SCORES_FILE, fit
 from capsnet.training.loop import predict_scores
-from capsnet.training.scores import ensemble_from_runs, has_test_scores
+from capsnet.training.runner import write_json
 from capsnet.training.settings import RESUME_OVERRIDES, TrainSettings, resumed_settings
 
 # Settings a seed's run directory may hold with other values and still be the same run.
@@ -41,7 +44,7 @@ def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | 
     if env_ranks()[0] != 0:  # each fit has left its process group: the rank is torchrun's
         return None
     summary = summarise(settings, list(seeds), errors, checkpoints)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / "summary.json", summary)
     return summary
 
 
@@ -81,7 +84,7 @@ def summarise(settings: TrainSettings, seeds: list[int], errors: list[float],
               checkpoints: list[Path]) -> dict:
     """Mean ± std of the runs' test errors and their ensemble's test error."""
     run_dirs = [Path(c).parent for c in checkpoints]
-    if all(has_test_scores(d) for d in run_dirs):
+    if all((d / name).is_file() for d in run_dirs for name in (SCORES_FILE, LABELS_FILE)):
         ensemble = ensemble_from_runs(run_dirs)
         source = "saved test scores"
     else:
@@ -102,33 +105,53 @@ def ensemble_of_checkpoints(settings: TrainSettings, checkpoints: list[Path]) ->
     models = [model_from_checkpoint(c, map_location=device) for c in checkpoints]
     test = load_test_set(models[0].config, settings.dataset, settings.data_dir, settings.download,
                          skip_bad=settings.skip_bad_images, progress=False).to(device)
-    return {"ensemble_test_error": 1.0 - ensemble_accuracy(models, test.images, test.labels),
+    scores = ensemble_scores(models, test.images).cpu().numpy()  # (N, J)
+    return {"ensemble_test_error": error_of(scores, test.labels.cpu().numpy()),
             "ensemble_size": len(models)}
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (n - 1 in the denominator; 0 for one value)."""
-    n = len(values)
-    if n == 0:
+    if not values:
         raise ValueError("no values")
-    mean = sum(values) / n
-    if n == 1:
-        return mean, 0.0
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def ensemble_scores(models: Sequence[nn.Module], images: torch.Tensor,
                     batch_size: int = 500) -> torch.Tensor:
     """Class scores (N, J) averaged over ``models`` (capsule lengths for CapsNets)."""
-    total = None
-    for model in models:
-        scores = predict_scores(model, images, batch_size)  # (N, J)
-        total = scores if total is None else total + scores
-    return total / len(models)
+    return torch.stack([predict_scores(model, images, batch_size) for model in models]).mean(0)
 
 
-def ensemble_accuracy(models: Sequence[nn.Module], images: torch.Tensor,
-                      labels: torch.Tensor) -> float:
-    """Accuracy of the averaged scores of ``models`` on uint8 images (N, H, W)."""
-    predicted = ensemble_scores(models, images).argmax(dim=-1)
-    return (predicted == labels).float().mean().item()
+def load_test_scores(run_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """A run's saved (scores (N, J) float32, labels (N,) int64)."""
+    run_dir = Path(run_dir)
+    scores, labels = np.load(run_dir / SCORES_FILE), np.load(run_dir / LABELS_FILE)
+    if scores.ndim != 2 or labels.shape != scores.shape[:1]:
+        raise ValueError(f"{run_dir}: test scores {scores.shape} do not match labels "
+                         f"{labels.shape}")
+    return scores, labels
+
+
+def error_of(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Test error of the highest scores (N, J) against labels (N,)."""
+    return float((scores.argmax(axis=1) != labels).mean())
+
+
+def ensemble_from_runs(run_dirs: Sequence[str | Path]) -> dict:
+    """The ensemble of ``run_dirs`` (averaged test scores): its error, its size and each
+    run's own error; the runs must have scored the same test images in order."""
+    if not run_dirs:
+        raise ValueError("an ensemble needs at least one run")
+    total, first_labels, errors = None, None, []
+    for run_dir in run_dirs:
+        scores, labels = load_test_scores(run_dir)  # (N, J), (N,)
+        if first_labels is None:
+            first_labels = labels
+        elif not np.array_equal(labels, first_labels):
+            raise ValueError(f"{run_dir}: its test labels differ from {run_dirs[0]}'s: not "
+                             f"the same test set")
+        errors.append(error_of(scores, labels))
+        total = scores.astype(np.float64) if total is None else total + scores
+    return {"ensemble_test_error": error_of(total / len(run_dirs), first_labels),
+            "ensemble_size": len(run_dirs), "member_test_errors": errors}

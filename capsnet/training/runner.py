@@ -1,13 +1,7 @@
-"""The one epoch driver. Every training run, the paper's recipe, affNIST and MultiMNIST
-alike, goes through :func:`run_task`: the run directory, DistributedDataParallel under
-torchrun, the speed plan, resume (model, optimiser, scheduler, the weights' moving
-average, random state, epoch), selection by validation accuracy, an optional stop at a
-target accuracy, atomic checkpoints, the metrics log, a stop with the last good checkpoint
-named on a non-finite loss, and the test set evaluated once at the end.
-
-What differs between runs is a :class:`Task`: which data, which model size, one epoch of
-training, validation and the final test.
-"""
+"""The one epoch driver: every training run (the paper's recipe, affNIST, MultiMNIST) goes
+through :func:`run_task` (the run directory, DDP under torchrun, the speed plan, resume,
+selection by validation, a target accuracy, a time limit, atomic checkpoints, the metrics log,
+a stop on a non-finite loss, the test once at the end); a :class:`Task` says what differs."""
 from __future__ import annotations
 
 import json
@@ -19,7 +13,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
+from capsnet.atomic import atomic_write
 from capsnet.checkpoint import (
     CheckpointError,
     atomic_copy,
@@ -28,30 +24,25 @@ from capsnet.checkpoint import (
     save_checkpoint,
 )
 from capsnet.config import config_to_dict
-from capsnet.devices import tune_backends
+from capsnet.devices import machine_description, tune_backends
 from capsnet.models import unwrap
 from capsnet.models.base import grad_scaler_for
 from capsnet.training import distributed
-from capsnet.training.distributed import World
+from capsnet.training.distributed import World, rng_state, set_rng_state
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.metrics_log import MetricsLog
 from capsnet.training.optimisation import Training, build_training, initialise_from_data
-from capsnet.training.progress import epoch_progress
-from capsnet.training.rng import rng_state, set_rng_state
 from capsnet.training.settings import TrainSettings, resume_checkpoint
 from capsnet.tuning import (
+    MemoryEstimate,
+    MemoryExceeded,
     SpeedPlan,
     apply_plan,
     choose_plan,
-    machine_description,
-    tune_for_inference,
-)
-from capsnet.tuning.memory import (
-    MemoryEstimate,
-    MemoryExceeded,
     device_memory,
     measure_training_memory,
     out_of_memory_message,
+    tune_for_inference,
     usable_gpu_bytes,
 )
 
@@ -64,17 +55,18 @@ class Task:
     """One kind of training run. :func:`run_task` calls, in order: :meth:`prepare` (once per
     machine first, as it may download), :meth:`model_overrides`, :meth:`describe`, then per
     epoch :meth:`train_epoch` and :meth:`validate`, and at the end :meth:`final_report`.
-    ``grad_scaler`` is the run's ``torch.amp.GradScaler`` when its plan trains in fp16 (None
-    otherwise), set before the first epoch: tasks pass it on in ``StepOptions``."""
+    ``epoch_size``: training examples per epoch, set by :meth:`prepare`; ``grad_scaler``:
+    the fp16 plan's ``torch.amp.GradScaler`` (else None), for ``StepOptions``."""
 
     name = "task"
 
     def __init__(self, settings: TrainSettings):
         self.settings = settings
         self.grad_scaler = None
+        self.epoch_size: int | None = None
 
     def prepare(self, device: torch.device) -> None:
-        """Load the data onto ``device``."""
+        """Load the data onto ``device``; set ``epoch_size``."""
         raise NotImplementedError
 
     def model_overrides(self) -> dict:
@@ -96,51 +88,44 @@ class Task:
 
     def final_report(self, final: nn.Module, best: nn.Module | None, state: dict,
                      log: Log) -> dict:
-        """Test once: results to merge into results.json. ``best`` is the
-        validation-selected model (None when it is the final one or there is none)."""
+        """Test once: results for results.json; ``best``: the validation-selected model
+        (None when it is the final one or there is none)."""
         raise NotImplementedError
 
     def initialisation_images(self) -> torch.Tensor | None:
-        """A few training images (B, C, H, W) in [0, 1] as the model sees them, for a
-        model's data-dependent initialisation (``initialise_from_data``); None: none."""
+        """Training images (B, C, H, W) in [0, 1] for ``initialise_from_data``, or None."""
         return None
 
 
 def run_task(task: Task, resume: str | None = None, argv: list[str] | None = None,
              log: Log = print) -> dict:
-    """Train ``task`` as its settings say, writing everything to ``settings.out_dir``.
-    Returns the results (also written to results.json).
-
-    Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set) every process calls this: they train
-    one DistributedDataParallel model, each rank on its shard of every epoch with a batch
-    of ``batch_size / world``; only rank 0 logs and writes files, and every rank returns
-    rank 0's results."""
+    """Train ``task`` as its settings say into ``settings.out_dir``; returns the results
+    (also in results.json). Under torchrun every process calls this and trains its shard of
+    each epoch at ``batch_size / world``; rank 0 alone logs and writes, and every rank
+    returns its results."""
     world = distributed.setup(task.settings.device)
+    log = log if world.is_main else (lambda _: None)  # rank 0 alone logs
     finished = False
     try:
-        results = _run(task, resume, argv, log if world.is_main else _quiet, world)
+        results = _run(task, resume, argv, log, world)
         finished = True
         return results
     finally:
         distributed.teardown(world, wait_for_all=finished)
 
 
-def _quiet(_: str) -> None:
-    """The log of ranks other than 0."""
-
-
 def _run(task: Task, resume: str | None, argv, log: Log, world: World) -> dict:
-    settings, device = task.settings, world.device
+    settings, device, run_dir = task.settings, world.device, Path(task.settings.out_dir)
     tune_backends(device, deterministic=settings.deterministic)
     torch.manual_seed(settings.seed)
     random.seed(settings.seed)
-    run_dir = Path(settings.out_dir)
-    distributed.per_rank_batch(settings.batch_size, world)  # fail early if not divisible
+    batch = distributed.per_rank_batch(settings.batch_size, world)  # fails if not divisible
     with distributed.local_main_first(world):  # one download per machine
         task.prepare(device)
     resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0  # the data
-    training = build_training(settings, task.model_overrides(), device,
-                              steps_per_epoch(task, world))
+    epoch_size = _epoch_size(task, world)
+    steps = 1 if epoch_size is None else max(1, -(-epoch_size // batch))
+    training = build_training(settings, task.model_overrides(), device, steps)
     if world.is_main:  # only now: bad data or an unworkable size leave no run directory
         run_dir.mkdir(parents=True, exist_ok=True)
     state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None, "reached_target": False}
@@ -148,69 +133,48 @@ def _run(task: Task, resume: str | None, argv, log: Log, world: World) -> dict:
     if resume is not None:
         state, saved = _restore(resume_checkpoint(resume), task, training, world)
         log(f"resuming {resume} after epoch {state['epoch']}")
-        if saved.get("schedule_change"):
+        if saved["schedule_change"]:
             log(saved["schedule_change"])
     else:  # every rank sees the same images: the same initialisation everywhere
         described = initialise_from_data(training, task.initialisation_images())
         if described:
             log(f"initialised from data: {described}")
+    memory = None
     try:
-        return _train(task, training, state, saved, argv, log, world, resident)
-    except torch.cuda.OutOfMemoryError:
-        raise MemoryExceeded(f"{world.device} ran out of memory before training began "
-                             f"(batch {settings.batch_size}): use a smaller --batch-size or "
-                             f"preset, or --precision bf16 (or fp16)") from None
-
-
-def _train(task: Task, training: Training, state: dict, saved: dict, argv, log: Log,
-           world: World, resident: int = 0) -> dict:
-    """The speed plan, the epochs and the final test of a prepared (or restored) run."""
-    settings, run_dir, model = task.settings, Path(task.settings.out_dir), training.model
-    plan = speed_plan_for(settings, model, world, saved.get("speed_plan"))
-    for computing in training.modules():
-        apply_plan(computing, plan)
-    task.grad_scaler = grad_scaler_for(world.device, model.compute_dtype)
-    if task.grad_scaler is not None and saved.get("grad_scaler"):
-        task.grad_scaler.load_state_dict(saved["grad_scaler"])
-    memory = measure_training_memory(
-        unwrap(model), distributed.per_rank_batch(settings.batch_size, world), resident)
-    log(f"speed: {plan.describe()}")
-    log(f"memory: {memory.describe()}")
-    if world.is_main:
-        describe_run(run_dir, settings, model, plan, argv, memory)
-    log(task.describe(world))
-    train_model = distributed.wrap_model(model, world)
-    step_model = torch.compile(train_model) if settings.compile else train_model
-    try:
+        plan = speed_plan_for(settings, training.model, world, saved.get("speed_plan"))
+        for computing in training.modules():
+            apply_plan(computing, plan)
+        task.grad_scaler = grad_scaler_for(device, training.model.compute_dtype)
+        if task.grad_scaler is not None and saved.get("grad_scaler"):
+            task.grad_scaler.load_state_dict(saved["grad_scaler"])
+        memory = measure_training_memory(unwrap(training.model), batch, resident)
+        log(f"speed: {plan.describe()}")
+        log(f"memory: {memory.describe()}")
+        if world.is_main:
+            describe_run(run_dir, settings, training.model, plan, argv, memory)
+        log(task.describe(world))
+        step_model = distributed.wrap_model(training.model, world)
+        step_model = torch.compile(step_model) if settings.compile else step_model
         _epochs(task, step_model, training, plan, state, world, log)
     except torch.cuda.OutOfMemoryError:
-        raise MemoryExceeded(_out_of_memory(world.device, memory, world.size)) from None
+        if memory is None:
+            raise MemoryExceeded(f"{device} ran out of memory before training began (batch "
+                                 f"{settings.batch_size}): use a smaller --batch-size or "
+                                 f"preset, or --precision bf16 (or fp16)") from None
+        total = device_memory(device)
+        fits = 0 if total is None else memory.largest_batch(usable_gpu_bytes(total))
+        raise MemoryExceeded(out_of_memory_message(str(device), memory, total,
+                                                   fits * world.size)) from None
     results = None
     if world.is_main:
-        results = (_unfinished_report(task, state) if state.get("stopped_for_time")
-                   else _final_report(task, training.evaluated, state, log))
+        results = _report(task, training.evaluated, state, log)
     return distributed.broadcast_object(results, world)
-
-
-def steps_per_epoch(task: Task, world: World) -> int:
-    """Optimiser steps in one epoch on each rank (1 for a task that states no epoch_size)."""
-    size = _epoch_size(task, world)
-    if size is None:
-        return 1
-    return max(1, -(-size // distributed.per_rank_batch(task.settings.batch_size, world)))
-
-
-def _out_of_memory(device: torch.device, memory: MemoryEstimate, processes: int) -> str:
-    """The one line for a run that ran out of GPU memory: the measured estimate at its
-    batch, the GPU's size and the largest batch estimated to fit."""
-    total = device_memory(device)
-    fits = 0 if total is None else memory.largest_batch(usable_gpu_bytes(total))
-    return out_of_memory_message(str(device), memory, total, fits * processes)
 
 
 def _epochs(task: Task, step_model, training: Training, plan: SpeedPlan, state: dict,
             world: World, log: Log) -> None:
-    """Train until the last epoch or the target accuracy, checkpointing every epoch."""
+    """Train until the last epoch, the target accuracy or the time limit, checkpointing
+    every epoch."""
     settings, run_dir = task.settings, Path(task.settings.out_dir)
     metrics = MetricsLog(run_dir) if world.is_main else None
     start = time.perf_counter()
@@ -224,7 +188,6 @@ def _epochs(task: Task, step_model, training: Training, plan: SpeedPlan, state: 
             row = _train_and_validate(task, step_model, training, epoch, world)
             state["last_epoch_seconds"] = time.perf_counter() - start - state.get("spent", 0.0)
             state["spent"] = time.perf_counter() - start
-            training.after_epoch()
             improved = _select(row, state, epoch)
             target = settings.target_accuracy
             state["epoch"] = epoch
@@ -250,8 +213,9 @@ def _checkpoint(task: Task, training: Training, plan: SpeedPlan, state: dict, ro
     """last.pt (everything a resume needs), best.pt when the epoch improved (a copy), and
     with --keep-every the epoch's evaluated weights alone as epoch-NNN.pt."""
     settings, run_dir = task.settings, Path(task.settings.out_dir)
+    kept = ("epoch", "best_val_accuracy", "best_epoch", "reached_target")  # not the timings
     described = dict(train_settings=settings.to_dict(), metrics=row, speed_plan=plan.as_dict(),
-                     **_saved_state(state))
+                     **{k: state[k] for k in kept})
     resumable = dict(**training.checkpoint_state(), rng=rng)
     if task.grad_scaler is not None:
         resumable["grad_scaler"] = task.grad_scaler.state_dict()
@@ -261,12 +225,7 @@ def _checkpoint(task: Task, training: Training, plan: SpeedPlan, state: dict, ro
     epoch = state["epoch"]
     if settings.keep_every and epoch % settings.keep_every == 0:
         # weights only: a third of last.pt (no Adam moments), enough to evaluate the epoch
-        save_checkpoint(run_dir / epoch_checkpoint_name(epoch), training.evaluated, **described)
-
-
-def epoch_checkpoint_name(epoch: int) -> str:
-    """The file name of an epoch's kept checkpoint (``--keep-every``)."""
-    return f"epoch-{epoch:03d}.pt"
+        save_checkpoint(run_dir / f"epoch-{epoch:03d}.pt", training.evaluated, **described)
 
 
 def _out_of_time(settings: TrainSettings, start: float, state: dict, epoch: int,
@@ -283,18 +242,19 @@ def _out_of_time(settings: TrainSettings, start: float, state: dict, epoch: int,
     return True
 
 
-def _saved_state(state: dict) -> dict:
-    """What a checkpoint keeps of the run's state (timings belong to this invocation)."""
-    return {k: state[k] for k in ("epoch", "best_val_accuracy", "best_epoch", "reached_target")}
-
-
 def _train_and_validate(task: Task, step_model, training: Training, epoch: int,
                         world: World) -> dict:
+    """One epoch of training with a progress bar, then validation: the epoch's metrics row."""
     optimizer = training.optimizer
     lr = optimizer.param_groups[0]["lr"]  # the epoch's first step's
     start = time.perf_counter()
-    with epoch_progress(task.settings.progress and world.is_main, epoch,
-                        _epoch_size(task, world)) as on_progress:
+    with tqdm(total=_epoch_size(task, world), desc=f"epoch {epoch}", unit="img", leave=False,
+              dynamic_ncols=True, disable=not (task.settings.progress and world.is_main)) as bar:
+
+        def on_progress(done: int, loss: float, accuracy: float) -> None:
+            bar.update(done - bar.n)
+            bar.set_postfix(loss=f"{loss:.4f}", acc=f"{accuracy:.4f}")
+
         train = task.train_epoch(step_model, optimizer, epoch, world, on_progress)
     seconds = time.perf_counter() - start
     loss, accuracy = distributed.all_reduce_mean([train["train_loss"], train["train_accuracy"]],
@@ -311,8 +271,8 @@ def _train_and_validate(task: Task, step_model, training: Training, epoch: int,
 
 
 def _epoch_size(task: Task, world: World) -> int | None:
-    size = getattr(task, "epoch_size", None)
-    return None if size is None else -(-size // world.size)
+    """Training examples of an epoch on each rank (None: the task states none)."""
+    return None if task.epoch_size is None else -(-task.epoch_size // world.size)
 
 
 def _select(row: dict, state: dict, epoch: int) -> bool:
@@ -341,43 +301,33 @@ def epoch_line(row: dict, improved: bool) -> str:
     return " | ".join(parts)
 
 
-def _unfinished_report(task: Task, state: dict) -> dict:
-    """A run stopped by its time limit: where it stands, no test (that comes once, at the end)."""
-    results = {"task": task.name, "complete": False, "epochs": state["epoch"],
-               "best_epoch": state["best_epoch"], "best_val_accuracy": state["best_val_accuracy"]}
-    (Path(task.settings.out_dir) / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results
-
-
-def _final_report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
-    """The test set, once, for the final and (when it differs) the validation-selected
-    model, both running as `capsnet evaluate` runs them with the run's --precision and
-    --conv-impl (the inference plan), so that the two agree."""
+def _report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
+    """results.json: where the run stands and, unless its time limit stopped it, the test
+    set once for the final and (when it differs) the validation-selected model, both with
+    the run's --precision and --conv-impl as `capsnet evaluate` runs them."""
     settings, run_dir = task.settings, Path(task.settings.out_dir)
-    device = next(model.parameters()).device
-    best = None
-    best_path = run_dir / "best.pt"
-    if state["best_epoch"] not in (None, state["epoch"]) and best_path.exists():
-        best = model_from_checkpoint(best_path, map_location=device)
-    for m in (model, best):
-        if m is not None:
-            tune_for_inference(m.eval(), device, settings.precision, settings.conv_impl)
-    results = {"task": task.name, "complete": True, "epochs": state["epoch"],
-               "best_epoch": state["best_epoch"], "best_val_accuracy": state["best_val_accuracy"],
-               "reached_target": state["reached_target"],
-               **task.final_report(model, best, state, log)}
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    complete = not state.get("stopped_for_time")
+    results = {"task": task.name, "complete": complete, "epochs": state["epoch"],
+               "best_epoch": state["best_epoch"], "best_val_accuracy": state["best_val_accuracy"]}
+    if complete:
+        device, best = next(model.parameters()).device, None
+        if state["best_epoch"] not in (None, state["epoch"]) and (run_dir / "best.pt").exists():
+            best = model_from_checkpoint(run_dir / "best.pt", map_location=device)
+        for m in (model, best):
+            if m is not None:
+                tune_for_inference(m.eval(), device, settings.precision, settings.conv_impl)
+        results.update(reached_target=state["reached_target"],
+                       **task.final_report(model, best, state, log))
+    write_json(run_dir / "results.json", results)
     return results
 
 
 def _restore(path: Path, task: Task, training: Training,
              world: World) -> tuple[dict, dict]:
     """Load a checkpoint into the run's objects; returns the epoch state and what else the
-    run kept (its speed plan, its fp16 gradient scaler) with the note of a schedule
-    re-planned to another --epochs. The checkpoint is read onto the CPU: loading the state
-    dicts moves the weights and Adam's moments to the parameters' device, and Adam's step
-    counts stay on the CPU (on a GPU they would cost a host sync per parameter per step),
-    whichever device wrote it."""
+    run kept (speed plan, fp16 gradient scaler, the note of a re-planned schedule). Read onto
+    the CPU: the state dicts move the weights and Adam's moments to the parameters' device,
+    and Adam's step counts stay on the CPU (no host sync per parameter per step)."""
     payload = load_checkpoint(path, map_location="cpu")
     saved_task = payload.get("train_settings", {}).get("task", "classify")
     if saved_task != task.name:
@@ -386,7 +336,7 @@ def _restore(path: Path, task: Task, training: Training,
     if "optimizer" not in payload:
         raise CheckpointError(f"{path}: the weights of one epoch only (--keep-every keeps "
                               f"no optimiser state); resume from last.pt")
-    schedule_change = training.restore(payload, task.settings.lr_decay)
+    schedule_change = training.restore(payload, path)
     set_rng_state(payload["rng"], world.device, world.rank)
     state = {k: payload[k] for k in ("epoch", "best_val_accuracy", "best_epoch")}
     state["reached_target"] = payload.get("reached_target", False)
@@ -410,13 +360,17 @@ def speed_plan_for(settings: TrainSettings, model, world: World,
 
 
 def describe_run(run_dir: Path, settings: TrainSettings, model, plan: SpeedPlan,
-                 argv: list[str] | None, memory: MemoryEstimate | None = None) -> None:
+                 argv: list[str] | None, memory: MemoryEstimate) -> None:
     """Write the resolved settings, model config, speed plan, memory estimate and command
     line into the run directory."""
-    (run_dir / "config.json").write_text(json.dumps(
-        {"settings": settings.to_dict(), "model_config": config_to_dict(unwrap(model).config),
-         "speed": plan.as_dict(),
-         "memory_estimate_bytes": None if memory is None else memory.total}, indent=2) + "\n")
+    write_json(run_dir / "config.json", {
+        "settings": settings.to_dict(), "model_config": config_to_dict(unwrap(model).config),
+        "speed": plan.as_dict(), "memory_estimate_bytes": memory.total})
     command = " ".join(["capsnet", *(argv if argv is not None else sys.argv[1:])])
     with open(run_dir / "command.txt", "a") as f:
         f.write(command + "\n")
+
+
+def write_json(path: Path, values: dict) -> None:
+    """``values`` as indented JSON, written atomically."""
+    atomic_write(path, lambda f: f.write(json.dumps(values, indent=2) + "\n"), mode="w")

@@ -1,4 +1,5 @@
-"""Everything a training run is given, in one dataclass saved with the run."""
+"""Everything a training run is given, in one dataclass saved with the run, and the named
+recipes (the paper's and a fast one) that fill what a run leaves None."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,8 +7,54 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from capsnet.models import check_options, has_option
-from capsnet.training.recipes import AUGMENTATIONS, SCHEDULES, default_lr, recipe_for
+from capsnet.models import check_options, has_option, model_entry
+
+SCHEDULES = ("exp", "cosine", "onecycle")
+AUGMENTATIONS = ("shift", "efficient")  # capsnet.training.loop.augment
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The training schedule a run gets when it names only the recipe."""
+
+    epochs: int
+    batch_size: int
+    lr_scale: float  # peak Adam rate as a multiple of the model's paper rate (1e-3 for CapsNet)
+    schedule: str  # 'exp': x lr_decay after each epoch; 'cosine', 'onecycle': set every step
+    lr_decay: float  # 'exp': the factor applied after each epoch
+    warmup_epochs: float  # linear warm-up to the peak rate, in epochs (0: none)
+    min_lr: float  # the floor: where 'cosine' and 'onecycle' end; 'exp' never goes below it
+    ema_decay: float  # moving average of the weights, updated every step (0: none)
+    ema_warmup: bool  # the average's decay ramps up as min(decay, (1 + n) / (10 + n))
+    augment: str  # 'shift' (random shifts of up to max_shift pixels) or 'efficient'
+    max_shift: int  # the 'shift' augmentation's pixels, when a run trains with it
+
+
+# The paper's: Adam at 1e-3 decayed by 0.96 after each epoch, 2-pixel shifts, batch 128.
+PAPER_RECIPE = Recipe(epochs=10, batch_size=128, lr_scale=1.0, schedule="exp", lr_decay=0.96,
+                      warmup_epochs=0.0, min_lr=0.0, ema_decay=0.0, ema_warmup=False,
+                      augment="shift", max_shift=2)
+
+# Peak Adam 3 x the rate, one epoch of warm-up, cosine to 1e-5, EMA 0.999, chosen on
+# validation only (docs/results.md, "The fast recipe: time to accuracy").
+FAST_RECIPE = Recipe(epochs=15, batch_size=128, lr_scale=3.0, schedule="cosine", lr_decay=0.96,
+                     warmup_epochs=1.0, min_lr=1e-5, ema_decay=0.999, ema_warmup=True,
+                     augment="shift", max_shift=2)
+
+# The recipes by name, as CapsNet trains under them; a model's registry entry changes them.
+RECIPES = {"paper": PAPER_RECIPE, "fast": FAST_RECIPE}
+
+
+def recipe_for(name: str, model: str = "capsnet") -> Recipe:
+    """The recipe ``name`` with ``model``'s changes; ValueError naming the choices otherwise."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; choose from {', '.join(RECIPES)}")
+    return dataclasses.replace(RECIPES[name], **model_entry(model).recipes.get(name, {}))
+
+
+def default_lr(model: str, preset: str) -> float:
+    """The Adam rate of a run that names none: the model's paper rate for the preset."""
+    return model_entry(model).lr_for(preset)
 
 
 @dataclass
@@ -18,7 +65,7 @@ class TrainSettings:
     dataset: str = "mnist"  # mnist, fashion-mnist, cifar10, svhn, or folder (data_dir = its root)
     data_dir: str | None = None
     download: bool = True
-    # None below: the recipe's value for the model (capsnet/training/recipes.py)
+    # None below: the recipe's value for the model (RECIPES)
     recipe: str = "paper"  # 'paper' or 'fast'
     epochs: int | None = None
     batch_size: int | None = None
@@ -70,11 +117,7 @@ class TrainSettings:
             self.lr = recipe.lr_scale * default_lr(self.model, self.preset)
         if self.max_shift is None:  # the 'shift' augmentation's; a run without it records 0
             self.max_shift = recipe.max_shift if self.augment == "shift" else 0
-        check_schedule(self)
-        check_augment(self)
-        if self.keep_every is not None and self.keep_every < 1:
-            raise ValueError(f"keep_every must be a positive number of epochs, "
-                             f"not {self.keep_every}")
+        self.check()
 
     def model_options(self) -> dict:
         """The model's config options these settings name (not left to the preset)."""
@@ -83,6 +126,30 @@ class TrainSettings:
                    "conv1_stride": None if self.conv1_stride == "auto" else int(self.conv1_stride),
                    "decoder": self.cnn_decoder}
         return {name: value for name, value in options.items() if value is not None}
+
+    def check(self) -> None:
+        """A ValueError for a schedule, average, augmentation or --keep-every that cannot run."""
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose from "
+                             f"{', '.join(SCHEDULES)}")
+        if self.warmup_epochs < 0 or self.warmup_epochs > self.epochs:
+            raise ValueError(f"warmup_epochs must be within 0..epochs ({self.epochs}), "
+                             f"not {self.warmup_epochs}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"ema_decay must be in [0, 1) (0: no moving average), "
+                             f"not {self.ema_decay}")
+        if self.augment not in AUGMENTATIONS:
+            raise ValueError(f"unknown augmentation {self.augment!r}; choose from "
+                             f"{', '.join(AUGMENTATIONS)}")
+        if self.augment != "shift" and self.max_shift:
+            raise ValueError(f"max_shift {self.max_shift} needs augment 'shift'; augment "
+                             f"{self.augment!r} moves the images its own way")
+        if self.augment != "shift" and self.crop is not None:
+            raise ValueError(f"crop takes the place of augment 'shift'; it does not combine "
+                             f"with augment {self.augment!r}")
+        if self.keep_every is not None and self.keep_every < 1:
+            raise ValueError(f"keep_every must be a positive number of epochs, "
+                             f"not {self.keep_every}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -107,30 +174,6 @@ SAVED_FOR_EVERY_MODEL = ("routing", "routing_iterations", "input_norm", "conv1_s
 # __post_init__).
 RECIPE_FIELDS = ("epochs", "batch_size", "schedule", "lr_decay", "warmup_epochs", "min_lr",
                  "ema_decay", "ema_warmup", "augment")
-
-
-def check_schedule(s: TrainSettings) -> None:
-    """A ValueError for a schedule or moving average that cannot run."""
-    if s.schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {s.schedule!r}; choose from {', '.join(SCHEDULES)}")
-    if s.warmup_epochs < 0 or s.warmup_epochs > s.epochs:
-        raise ValueError(f"warmup_epochs must be within 0..epochs ({s.epochs}), "
-                         f"not {s.warmup_epochs}")
-    if not 0.0 <= s.ema_decay < 1.0:
-        raise ValueError(f"ema_decay must be in [0, 1) (0: no moving average), not {s.ema_decay}")
-
-
-def check_augment(s: TrainSettings) -> None:
-    """A ValueError for an unknown augmentation, or one given options of another."""
-    if s.augment not in AUGMENTATIONS:
-        raise ValueError(f"unknown augmentation {s.augment!r}; choose from "
-                         f"{', '.join(AUGMENTATIONS)}")
-    if s.augment != "shift" and s.max_shift:
-        raise ValueError(f"max_shift {s.max_shift} needs augment 'shift'; augment "
-                         f"{s.augment!r} moves the images its own way")
-    if s.augment != "shift" and s.crop is not None:
-        raise ValueError(f"crop takes the place of augment 'shift'; it does not combine with "
-                         f"augment {s.augment!r}")
 
 
 # The validation split when none is asked for: DEFAULT_VAL_SIZE images (MNIST's 5,000 of
