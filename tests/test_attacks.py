@@ -166,7 +166,7 @@ def test_cw_moves_saturated_pixels_and_is_no_weaker_than_pgd_l2(capsnet, data):
     # vanishes and C&W found nothing here; in pixel space it must match PGD-L2's radius.
     x, y = data
     x = (x > SATURATION_THRESHOLD).float()  # (N, 1, 28, 28) every pixel 0 or 1
-    x_adv = cw_l2(Objective(capsnet, y, attack_loss("cw")), x, steps=100, search_steps=4)
+    x_adv = cw_l2(Objective(capsnet, y, attack_loss("cw")), x)  # the default budget
     pgd_l2, _ = run_attack("pgd-l2", capsnet, x, y, SATURATED_RADIUS, AttackSettings(steps=40))
     pgd_fooled = predict(capsnet, pgd_l2) != y
     cw_fooled = (predict(capsnet, x_adv) != y) & \
