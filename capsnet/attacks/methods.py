@@ -20,9 +20,8 @@ TINY = 1e-12  # guards the division by a zero gradient or perturbation norm
 CW_STEPS = 100  # Adam steps per value of c
 CW_SEARCH_STEPS = 6  # binary-search rounds over c
 CW_INITIAL_C = 10.0  # class scores (lengths) live in [0, 1]: c must outweigh |delta|^2 ~ 1-10
-CW_LR = 0.1  # per pixel, per Adam step
+CW_LR = 0.1  # Adam step per pixel (pixel space, [0, 1])
 CW_GROWTH = 10.0  # c grows tenfold while no upper bound is known
-TANH_LIMIT = 1 - 1e-6  # keeps atanh finite at pixels 0 and 1
 SQUARE_QUERIES = 1000
 P_INIT = 0.05  # the paper's initial fraction of pixels changed per query (MNIST: 0.3 for 10k)
 # The square's area halves at these fractions of a 10,000-query budget (the paper's schedule).
