@@ -26,6 +26,8 @@ from capsnet.squashing import squash
 from tests.attack_models import TINY_CAPSNET, fake_digits, trained
 
 N = 20
+SATURATION_THRESHOLD = 0.5  # fake digits made binary, as MNIST nearly is
+SATURATED_RADIUS = 4.0  # L2: where PGD-L2 fools some of the binary digits
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +159,20 @@ def test_cw_finds_small_perturbations_that_fool(cnn, data):
     assert fooled_share(cnn, pgd_l2, y) >= found.float().mean() - 0.1
     kept = within_radius(x, x_adv, float(norms[found].median()))
     assert ((kept - x).flatten(1).norm(dim=1) <= float(norms[found].median()) + 1e-5).all()
+
+
+def test_cw_moves_saturated_pixels_and_is_no_weaker_than_pgd_l2(capsnet, data):
+    # Pixels at exactly 0 or 1 (most of an MNIST digit): in tanh space their gradient
+    # vanishes and C&W found nothing here; in pixel space it must match PGD-L2's radius.
+    x, y = data
+    x = (x > SATURATION_THRESHOLD).float()  # (N, 1, 28, 28) every pixel 0 or 1
+    x_adv = cw_l2(Objective(capsnet, y, attack_loss("cw")), x)  # the default budget
+    pgd_l2, _ = run_attack("pgd-l2", capsnet, x, y, SATURATED_RADIUS, AttackSettings(steps=40))
+    pgd_fooled = predict(capsnet, pgd_l2) != y
+    cw_fooled = (predict(capsnet, x_adv) != y) & \
+        ((x_adv - x).flatten(1).norm(dim=1) <= SATURATED_RADIUS)
+    assert pgd_fooled.any()  # the radius is one where the comparison means something
+    assert cw_fooled.sum() >= pgd_fooled.sum()
 
 
 def test_square_is_gradient_free_and_stays_in_the_ball(capsnet, data):
