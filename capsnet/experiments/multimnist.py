@@ -22,12 +22,7 @@ from capsnet.models.base import autocast_to
 from capsnet.training import distributed
 from capsnet.training.distributed import World
 from capsnet.training.fit import data_overrides, protocol_data
-from capsnet.training.loop import (
-    StepOptions,
-    backward_and_step,
-    checked_mean_loss,
-    predict_scores,
-)
+from capsnet.training.loop import StepOptions, predict_scores, train_one_epoch
 from capsnet.training.runner import Log, Progress, Task, run_task
 from capsnet.training.settings import TrainSettings
 
@@ -174,22 +169,17 @@ def train_pairs_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images
     """One epoch over pairs whose first digits are ``images[order]`` (N, 28, 28), each digit
     shifted by up to ``options.max_shift``, partners and shifts from ``generator``.
     Returns {'train_loss', 'train_accuracy'} (both digits right)."""
-    model.train()
-    device = images.device
     index = ClassIndex.of(labels)  # once per epoch: no host sync per step
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.long)
-    for idx in order.split(options.batch_size):
+
+    def batch_loss(idx: torch.Tensor, run_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
         pairs = make_pairs(images, labels, idx, options.max_shift, generator, index)  # (B, S, S)
         x, digits = model_inputs(pairs)  # (B, 1, S, S), (B, 2, 1, S, S)
         loss, out = pair_loss(model, x, pairs.labels, digits, options.reconstruction_weight)
-        optimizer.zero_grad(set_to_none=True)
-        backward_and_step(loss, optimizer, options.grad_scaler)
-        loss_sum += loss.detach() * idx.numel()
-        correct += pairs_correct(out.lengths.detach(), pairs.labels).sum()
-    checked_mean_loss(loss_sum, order.numel(), options.sum_over_ranks, "in a MultiMNIST epoch")
-    return {"train_loss": loss_sum.item() / max(order.numel(), 1),
-            "train_accuracy": correct.item() / max(order.numel(), 1)}
+        return loss, pairs_correct(out.lengths.detach(), pairs.labels).sum()
+
+    result = train_one_epoch(model, optimizer, images, labels, order, options,
+                             batch_loss=batch_loss)
+    return {"train_loss": result["loss"], "train_accuracy": result["accuracy"]}
 
 
 def evaluate_pairs(model: nn.Module, pairs: DigitPairs, batch_size: int = 500,

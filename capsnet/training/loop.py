@@ -44,31 +44,34 @@ class StepOptions:
                              "do not combine with the 'efficient' one")
 
 
+# (indices of the batch (B,), the run's fraction done at this step) -> the batch's loss,
+# a float32 scalar with its graph, and how many of its images the model got right, a scalar
+BatchLoss = Callable[[torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+
+
 def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
                     labels: torch.Tensor, order: torch.Tensor, options: StepOptions,
                     generator: torch.Generator | None = None,
-                    on_progress: Callable[[int, float, float], None] | None = None) -> dict:
-    """Train over ``images[order]`` (images (N, H, W) uint8, labels (N,), order (M,)).
+                    on_progress: Callable[[int, float, float], None] | None = None,
+                    batch_loss: BatchLoss | None = None) -> dict:
+    """Train over ``images[order]`` (images (N, H, W) uint8, labels (N,), order (M,)), each
+    batch's loss from ``batch_loss`` (default: :func:`classification_loss`'s).
     Returns {'loss', 'accuracy', 'steps'}; ``on_progress(done, loss, accuracy)`` and the
     NonFiniteLossError check run at each read-back, every ``check_every`` steps."""
     model.train()
+    batch_loss = batch_loss or classification_loss(model, images, labels, options, generator)
     device = images.device
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
     seen = 0
     batches = order.split(options.batch_size)
+    start, end = options.run_span
     for step, idx in enumerate(batches, start=1):
-        x = augment(to_model_input(images[idx]), options, generator)  # (B, C, H, W)
-        y = labels[idx]  # (B,)
-        out = model(x, y)  # in the model's compute precision
-        start, end = options.run_span
-        fraction = start + (end - start) * (step - 1) / len(batches)
-        loss = model_loss(out, x, y, options.reconstruction_weight,
-                          run_fraction=fraction)  # float32
+        loss, right = batch_loss(idx, start + (end - start) * (step - 1) / len(batches))
         optimizer.zero_grad(set_to_none=True)
         backward_and_step(loss, optimizer, options.grad_scaler)
         loss_sum += loss.detach() * idx.numel()
-        correct += (class_scores(out).argmax(-1) == y).sum()
+        correct += right
         seen += idx.numel()
         if step % options.check_every == 0 or step == len(batches):
             mean_loss = checked_mean_loss(loss_sum, seen, options.sum_over_ranks,
@@ -78,6 +81,21 @@ def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: 
                 on_progress(seen, mean_loss, correct.item() / seen)
     return {"loss": loss_sum.item() / max(seen, 1), "accuracy": correct.item() / max(seen, 1),
             "steps": len(batches)}
+
+
+def classification_loss(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                        options: StepOptions, generator: torch.Generator | None = None
+                        ) -> BatchLoss:
+    """The classifier's batch: augmented images, the model's loss (margin, spread or cross
+    entropy, plus the weighted reconstruction), and its top-1 hits."""
+    def batch_loss(idx: torch.Tensor, run_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+        x = augment(to_model_input(images[idx]), options, generator)  # (B, C, H, W)
+        y = labels[idx]  # (B,)
+        out = model(x, y)  # in the model's compute precision
+        loss = model_loss(out, x, y, options.reconstruction_weight,
+                          run_fraction=run_fraction)  # float32
+        return loss, (class_scores(out).argmax(-1) == y).sum()
+    return batch_loss
 
 
 def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
