@@ -205,6 +205,15 @@ class LiveTensorBytes(TorchDispatchMode):
         return out
 
 
+def probe_steps(cuda: bool) -> tuple[int, ...]:
+    """The probe's batches in order; the second and the last are measured. The first step
+    makes gradients and Adam's moments. On CUDA a shape's first step also runs cuDNN's
+    algorithm search (benchmark mode), whose trial workspaces are no part of a step:
+    measured on an H200 they made the fp32 estimate 6.7 times the epochs' peak."""
+    small, large = PROBE_BATCHES
+    return (small, small, large, large) if cuda else (small, small, large)
+
+
 def step_phase_peaks(model: nn.Module, device: torch.device) -> list[tuple[int, int, int]]:
     """(forward and loss, backward, Adam's step) peak bytes above the start, one triple per
     probe batch, of ``model`` training as ``train_one_epoch`` orders a step."""
@@ -225,14 +234,9 @@ def step_phase_peaks(model: nn.Module, device: torch.device) -> list[tuple[int, 
         torch.cuda.reset_peak_memory_stats(device)
         return peak
 
-    # The first step makes gradients and Adam's moments. On CUDA a shape's first step also
-    # runs cuDNN's algorithm search (benchmark mode), whose trial workspaces are no part of a
-    # step: measured on an H200 they made the fp32 estimate 6.7 times the epochs' peak.
-    small, large = PROBE_BATCHES
-    batches = (small, small, *([large] if cuda else []), large)
     peaks = []
     with contextlib.nullcontext() if cuda else live:
-        for b in batches:
+        for b in probe_steps(cuda):
             x = torch.rand(b, cfg.in_channels, cfg.image_size, cfg.image_size,
                            device=device, generator=generator)  # (b, C, H, W)
             y = torch.randint(0, cfg.num_classes, (b,), device=device, generator=generator)
