@@ -57,6 +57,25 @@ def test_detector_ood_sanity_and_figure(checkpoint, tiny_mnist_dir, tmp_path, ca
     assert (tmp_path / "diagnosis.png").stat().st_size > 0
 
 
+def test_commands_into_one_folder_build_one_table_and_keep_each_others_results(
+        checkpoint, tiny_mnist_dir, tmp_path, capsys):
+    """A second command into the same folder adds its rows to results.json and table.md and
+    keeps the first one's OOD rows and sanity checks."""
+    common = [str(checkpoint), "--steps", "2", "--n", "8", "--val-n", "50", "--queries", "10"]
+    assert attack([*common, "--attack", "fgsm", "--eps", "0.3", "--ood", "--sanity"],
+                  tiny_mnist_dir, tmp_path) == 0
+    first = json.loads((tmp_path / "results.json").read_text())
+    assert attack([*common, "--attack", "pgd", "--eps", "0.1"], tiny_mnist_dir, tmp_path) == 0
+    printed = capsys.readouterr().out.split("\n\n")[-1]  # the second command's own table
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["attack"], r["eps"]) for r in results["rows"]] == [("fgsm", 0.3), ("pgd", 0.1)]
+    assert results["ood"] == first["ood"] and results["sanity"] == first["sanity"]
+    assert len(results["commands"]) == 2 and results["command"] == results["commands"][-1]
+    table = (tmp_path / "table.md").read_text()
+    assert "| fgsm |" in table and "| pgd |" in table and "more restarts never help" in table
+    assert "| fgsm |" not in printed
+
+
 def test_unknown_attack_is_one_line_naming_the_choices(checkpoint, tiny_mnist_dir, tmp_path,
                                                        capsys):
     assert attack([str(checkpoint), "--attack", "deepfool", "--n", "4"], tiny_mnist_dir,

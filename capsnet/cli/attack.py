@@ -14,7 +14,7 @@ from capsnet import attacks
 from capsnet.attacks.capsule import diagnosis
 from capsnet.attacks.detection import DETECTION_FPR
 from capsnet.attacks.ood import CORRUPTIONS, ood_markdown, ood_row
-from capsnet.attacks.runner import write_json
+from capsnet.attacks.runner import ROWS_DIR, write_json
 from capsnet.checkpoint import load_model
 from capsnet.cli import args as cli_args
 from capsnet.data.datasets import load_split
@@ -150,32 +150,61 @@ def run_attack_grid(args: argparse.Namespace, argv: list[str]) -> int:
         detectors = {m.label: attacks.fit_detectors(m.model, val) for m in named}
     rows = attacks.run_grid([(m.label, m.model) for m in named], args.attack, args.eps, x, y,
                             settings, out, detectors if args.detector else None, source, log)
-    results = {"command": "capsnet " + " ".join(argv), "n": len(y), "seed": args.seed,
-               "settings": vars(settings), "rows": rows}
-    table = attacks.markdown_table(rows)
-    extra = []
+    ood = sanity = None
     if args.ood:
         shifted = _shifted_sets(args, config, x, device)
-        results["ood"] = [ood_row(m.label, m.model, detectors[m.label], x, name, images)
-                          for m in named for name, images in shifted.items()]
-        extra.append(ood_markdown(results["ood"]))
+        ood = [ood_row(m.label, m.model, detectors[m.label], x, name, images)
+               for m in named for name, images in shifted.items()]
     if args.sanity:
         source_model = source[1] if source else None
-        results["sanity"] = {m.label: attacks.sanity_checks(m.model, x, y, max(args.eps),
-                                                            settings, source_model)
-                             for m in named}
-        extra.append("\n".join(f"- {label}: {r['check']}: {'pass' if r['passed'] else 'FAIL'} "
-                               f"{json.dumps(r['detail'])}"
-                               for label, checks in results["sanity"].items() for r in checks))
+        sanity = {m.label: attacks.sanity_checks(m.model, x, y, max(args.eps), settings,
+                                                 source_model) for m in named}
+    # the folder's results: every row under rows/ and the OOD and sanity results of earlier
+    # commands into it, so that several commands build one table and lose nothing
+    results = _folder_results(out, "capsnet " + " ".join(argv), ood, sanity)
+    results.update(n=len(y), seed=args.seed, settings=vars(settings))
     write_json(results, out / "results.json")
-    (out / "table.md").write_text("\n\n".join([table, *extra]) + "\n")
-    _figures(args, named, rows, x, y, settings, out)
+    (out / "table.md").write_text(_tables(results) + "\n")
+    _figures(args, named, results["rows"], x, y, settings, out)
     if args.json:
         print(json.dumps(results, indent=1))
     else:
-        print("\n\n".join([table, *extra]))
+        print(_tables({**results, "rows": rows, "ood": ood, "sanity": sanity}))
         print(f"wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'accuracy-eps.png'}")
     return 0
+
+
+def _folder_results(out: Path, command: str, ood: list | None, sanity: dict | None) -> dict:
+    """results.json's content for ``out``: all rows in ``out/rows`` (this command's and
+    earlier ones'), the commands so far, and the OOD rows and sanity checks, this command's
+    replacing an earlier command's for the same model (and shift)."""
+    try:
+        earlier = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        earlier = {}
+    commands = earlier.get("commands") or ([earlier["command"]] if "command" in earlier else [])
+    results = {"command": command, "commands": [*commands, command],
+               "rows": [json.loads(f.read_text())
+                        for f in sorted((out / ROWS_DIR).glob("*.json"))]}
+    new_shifts = {(r["model"], r["shift"]) for r in ood or ()}
+    kept_ood = [r for r in earlier.get("ood") or () if (r["model"], r["shift"]) not in new_shifts]
+    if kept_ood or ood:
+        results["ood"] = kept_ood + (ood or [])
+    if earlier.get("sanity") or sanity:
+        results["sanity"] = {**(earlier.get("sanity") or {}), **(sanity or {})}
+    return results
+
+
+def _tables(results: dict) -> str:
+    """The rows' table, then the OOD table and the sanity checks where there are any."""
+    parts = [attacks.markdown_table(results["rows"])]
+    if results.get("ood"):
+        parts.append(ood_markdown(results["ood"]))
+    if results.get("sanity"):
+        parts.append("\n".join(f"- {label}: {r['check']}: {'pass' if r['passed'] else 'FAIL'} "
+                               f"{json.dumps(r['detail'])}"
+                               for label, checks in results["sanity"].items() for r in checks))
+    return "\n\n".join(parts)
 
 
 def _figures(args, named, rows, x, y, settings, out: Path) -> None:
