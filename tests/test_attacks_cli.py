@@ -34,7 +34,7 @@ def test_json_rows_then_resumed(checkpoint, tiny_mnist_dir, tmp_path, capsys):
                                                        ("pgd", 0.1), ("pgd", 0.3)]
     for r in rows:
         assert {"model", "attack", "eps", "robust_accuracy", "loss"} <= set(r)
-        assert r["model"] == "tiny" and r["loss"] == "cw" and r["n"] == 8
+        assert r["model"] == "tiny" and r["loss"] == "worst" and r["n"] == 8
     assert len(list((tmp_path / "rows").glob("*.json"))) == 4
     assert (tmp_path / "accuracy-eps.png").stat().st_size > 0
     assert attack(args, tiny_mnist_dir, tmp_path) == 0

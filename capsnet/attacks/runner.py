@@ -38,6 +38,11 @@ def row_file(out_dir: Path, model: str, attack: str, eps: float, settings: Attac
     parts = [model, attack, settings.loss, f"eps{eps:g}", f"k{settings.steps}",
              f"r{settings.restarts}", f"n{n}-seed{settings.seed}"]
     parts += ["targeted"] * settings.targeted + [f"from-{source}"] * bool(source)
+    spec = attack_spec(attack)
+    if attack == "square":
+        parts.append(f"q{settings.queries}")
+    if spec.reconstructive:
+        parts.append("w" + "-".join(f"{w:g}" for w in settings.reconstruction_weights))
     if settings.routing_gradient != "full":
         parts.append(f"routing-gradient-{settings.routing_gradient}")
     slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", "__".join(parts))
