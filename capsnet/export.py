@@ -18,7 +18,7 @@ from torch import nn
 from capsnet.atomic import atomic_path
 from capsnet.checkpoint import WEIGHTS_SUFFIX, load_checkpoint, load_model, save_weights
 from capsnet.config import class_names, config_to_dict
-from capsnet.models import CapsuleOutput, class_scores, entry_of
+from capsnet.models import entry_of
 
 FORMATS = ("onnx", "torchscript")
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".ts.pt"}  # default file names: <stem><suffix>
@@ -39,10 +39,9 @@ class InferenceModel(nn.Module):
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self.model(images)
-        scores = class_scores(out)  # (B, J)
-        if not isinstance(out, CapsuleOutput) or out.reconstructions is None:
-            return (scores,)
-        return scores, out.reconstructions  # (B, J), (B, C, H, W)
+        if out.reconstructions is None:
+            return (out.scores,)  # (B, J)
+        return out.scores, out.reconstructions  # (B, J), (B, C, H, W)
 
 
 def describe(model: nn.Module) -> dict:

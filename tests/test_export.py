@@ -30,10 +30,7 @@ def _images(model, batch: int, seed: int = 0) -> torch.Tensor:
 def _reference(model, images: torch.Tensor) -> list[np.ndarray]:
     """What the exported file must return, from the PyTorch model itself."""
     out = model.eval()(images)
-    if hasattr(out, "lengths"):
-        parts = [out.lengths] + ([out.reconstructions] if out.reconstructions is not None else [])
-    else:
-        parts = [torch.softmax(out, dim=-1)]
+    parts = [out.scores] + ([out.reconstructions] if out.reconstructions is not None else [])
     return [p.numpy() for p in parts]
 
 

@@ -166,7 +166,7 @@ def test_colour_onnx_matches_pytorch(rgb_run, tmp_path):
     with torch.no_grad():
         out = model(images)
     assert recon.shape == (3, 3, 32, 32)
-    np.testing.assert_allclose(lengths, out.lengths.numpy(), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(lengths, out.scores.numpy(), atol=ATOL, rtol=0)
     np.testing.assert_allclose(recon, out.reconstructions.numpy(), atol=ATOL, rtol=0)
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from capsnet.losses import LAMBDA, M_MINUS, M_PLUS
-from capsnet.models import CapsuleOutput, MatrixCapsuleOutput, class_scores
+from capsnet.models import class_scores
 
 # (output, labels (B,)) -> (B,) per-example loss, larger = further from the labels.
 AttackLoss = Callable[[object, torch.Tensor], torch.Tensor]
@@ -30,9 +30,7 @@ EVAL_BATCH = 250  # images per forward pass when only scores are needed
 
 def attack_scores(output) -> torch.Tensor:
     """(B, J) float32 scores the attack losses read: capsule lengths or CNN logits."""
-    if isinstance(output, CapsuleOutput | MatrixCapsuleOutput):
-        return class_scores(output).float()
-    return getattr(output, "logits", output).float()  # CNN, with or without a decoder
+    return (output.scores if output.logits is None else output.logits).float()  # (B, J)
 
 
 def log_odds_scores(output) -> torch.Tensor:
