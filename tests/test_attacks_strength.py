@@ -11,7 +11,7 @@ from capsnet.attacks.methods import P_INIT, apgd, pgd, square_linf
 from capsnet.attacks.objectives import ENSEMBLE_LOSSES, ensemble_losses, log_odds_scores
 from capsnet.attacks.registry import least_detectable
 from capsnet.attacks.training import adversarial_batch
-from capsnet.models import CapsuleOutput, CNNOutput
+from capsnet.models import ModelOutput
 from tests.attack_models import fake_digits, trained
 
 N = 20
@@ -45,7 +45,7 @@ def test_log_odds_undo_the_squash_flatness_near_a_confident_length():
     # at L = 0.93 the cw margin on lengths moves the true class by 1 per unit of L; on the
     # log-odds by 1 / (L (1 - L)) ~ 15
     lengths = torch.tensor([[0.93, 0.30, 0.02]], requires_grad=True)
-    output = CapsuleOutput(lengths, torch.zeros(1, 3, 2), None)
+    output = ModelOutput(lengths, torch.zeros(1, 3, 2))
     labels = torch.tensor([0])
     grads = {}
     for name in ("cw", "logodds-cw"):
@@ -59,7 +59,7 @@ def test_log_odds_undo_the_squash_flatness_near_a_confident_length():
 
 def test_dlr_by_hand_and_log_odds_of_a_cnn_are_its_logits():
     logits = torch.tensor([[3.0, 1.0, 2.0, -1.0]])
-    output = CNNOutput(logits, None)
+    output = ModelOutput.from_logits(logits)
     assert torch.equal(log_odds_scores(output), logits)
     # DLR = (best other - true) / (z_pi1 - z_pi3) = (2 - 3) / (3 - 1)
     assert attack_loss("dlr")(output, torch.tensor([0])).item() == pytest.approx(-0.5)

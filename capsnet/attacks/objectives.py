@@ -36,9 +36,9 @@ def attack_scores(output) -> torch.Tensor:
 def log_odds_scores(output) -> torch.Tensor:
     """(B, J) float32 log-odds log(L / (1 - L)) of capsule scores L; a CNN's logits as
     they are (its scores are already on that scale)."""
-    if isinstance(output, CapsuleOutput | MatrixCapsuleOutput):
-        return torch.logit(class_scores(output).float(), eps=LOG_ODDS_EPS)
-    return attack_scores(output)
+    if output.logits is not None:
+        return output.logits.float()
+    return torch.logit(class_scores(output).float(), eps=LOG_ODDS_EPS)
 
 
 def _true_and_best_other(scores: torch.Tensor,
