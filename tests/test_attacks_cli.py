@@ -50,6 +50,7 @@ def test_detector_ood_sanity_and_figure(checkpoint, tiny_mnist_dir, tmp_path, ca
     assert attack(args, tiny_mnist_dir, tmp_path) == 0
     out = capsys.readouterr().out
     assert "reconstruction S_d %" in out and "more restarts never help the defence" in out
+    assert "reconstruction test FPR %" in out
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["rows"][0]["detection"]) == {"reconstruction", "class-reconstruction",
                                                     "length", "margin"}
