@@ -10,13 +10,17 @@ on clean images; the checkpoint is an ordinary one (`capsnet attack` reads it).
 from __future__ import annotations
 
 import argparse
+import importlib
 
 from capsnet.attacks.training import ADVERSARIAL_KINDS, adversarial_batch
 from capsnet.cli.main import main as capsnet_main
 from capsnet.data.image_dataset import to_model_input
 from capsnet.losses import model_loss
 from capsnet.models import class_scores
-from capsnet.training import fit, loop
+from capsnet.training import loop
+
+# the module (capsnet.training exports a function of the same name)
+fit_module = importlib.import_module("capsnet.training.fit")
 
 
 def adversarial_epochs(kind: str, eps: float, steps: int):
@@ -45,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="-- then the arguments of `capsnet train`")
     args = p.parse_args(argv)
     train_args = [a for a in args.train_args if a != "--"]
-    fit.train_one_epoch = adversarial_epochs(args.kind, args.eps, args.steps)
+    fit_module.train_one_epoch = adversarial_epochs(args.kind, args.eps, args.steps)
     return capsnet_main(["train", *train_args])
 
 
