@@ -46,7 +46,7 @@ def model(small_checkpoint):
 
 @pytest.fixture(scope="module")
 def onnx_file(small_checkpoint, tmp_path_factory) -> Path:
-    pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")  # the ONNX exporter needs it (and onnx)
     path = tmp_path_factory.mktemp("export") / "capsnet.onnx"
     assert main(["export", str(small_checkpoint), "--format", "onnx", "-o", str(path)]) == 0
     return path
@@ -104,7 +104,7 @@ def test_other_models_export(fmt, tmp_path):
     """The CNN baseline exports its probabilities; a CapsNet without decoder, its lengths; a
     colour 32x32 CapsNet of named classes, (B, 3, 32, 32) in and out, its names described."""
     if fmt == "onnx":
-        pytest.importorskip("onnx")
+        pytest.importorskip("onnxscript")  # the ONNX exporter needs it (and onnx)
     torch.manual_seed(0)
     colour = make_config("capsnet", "small", in_channels=3, image_size=32, num_classes=3,
                          class_names=("cat", "dog", "ship"), dataset="folder")
