@@ -95,7 +95,7 @@ def test_a_toy_model_added_through_the_registry_trains_saves_loads_predicts_trac
     torch.testing.assert_close(trace.scores, model(torch.from_numpy(images[:4]).float()
                                                     .unsqueeze(1) / 255).scores)
 
-    path = export_model(model, tmp_path / "toy.ts.pt", "torchscript")
+    path = export_model(model, tmp_path / "toy.pt2", "pt2")
     described = read_description(path)
     assert described["model"] == "toy" and described["outputs"] == ["lengths"]
 

@@ -101,7 +101,6 @@ class ModelEntry:
     initialise: Callable[[nn.Module, torch.Tensor], str] | None = None
     loss: str = "margin"  # its training loss (its ModelOutput's ``loss``, see capsnet.losses)
     scores: str = "lengths"  # what the class scores are called in exported files
-    onnx_opset: int | None = None  # None: capsnet.export's default
 
     def lr_for(self, preset: str) -> float:
         return self.preset_lr.get(preset, self.lr)

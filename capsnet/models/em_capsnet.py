@@ -168,7 +168,4 @@ ENTRY = ModelEntry(
     initialise=EMCapsNet.initialise_from_data,
     loss="spread",
     scores="activations",
-    # EM routing normalises each child's assignments over its parents by a scatter-max (for
-    # a stable logsumexp): ONNX's ScatterElements reduction 'max' is opset 18.
-    onnx_opset=18,
 )
