@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from capsnet.atomic import atomic_write
 from capsnet.data.datasets import FOLDER, ImageDataset, load_dataset
 from capsnet.data.folder import DEFAULT_TEST_FRACTION, format_skipped_warning
 from capsnet.data.image_dataset import (
@@ -244,5 +245,6 @@ def fit(settings: TrainSettings | None = None, resume: str | None = None,
 def save_test_scores(run_dir: str | Path, scores: torch.Tensor, labels: torch.Tensor) -> None:
     """Write scores (N, J) as float32 and labels (N,) as int64 into ``run_dir``."""
     run_dir = Path(run_dir)
-    np.save(run_dir / SCORES_FILE, scores.detach().float().cpu().numpy())
-    np.save(run_dir / LABELS_FILE, labels.detach().long().cpu().numpy())
+    for name, values in ((SCORES_FILE, scores.detach().float()),
+                         (LABELS_FILE, labels.detach().long())):
+        atomic_write(run_dir / name, lambda f, values=values: np.save(f, values.cpu().numpy()))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import random
 import sys
 import time
@@ -18,7 +17,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from capsnet.atomic import atomic_write
+from capsnet.atomic import append_text, write_json
 from capsnet.checkpoint import (
     CheckpointError,
     atomic_copy,
@@ -42,7 +41,7 @@ from capsnet.training.loop import (
     run_epoch,
     train_step,
 )
-from capsnet.training.metrics_log import MetricsLog
+from capsnet.training.metrics_log import log_metrics, tensorboard_writer
 from capsnet.training.optimisation import Training, build_training, initialise_from_data
 from capsnet.training.settings import TrainSettings, resume_checkpoint
 from capsnet.tuning import (
@@ -123,7 +122,7 @@ def run_task(task: Task, resume: str | None = None, argv: list[str] | None = Non
     world = distributed.setup(task.settings.device)
     log = log if world.is_main else (lambda _: None)  # rank 0 alone logs
     settings, run_dir, device = task.settings, Path(task.settings.out_dir), world.device
-    finished, memory = False, {}
+    finished, memory, tensorboard = False, {}, None
     try:
         training, plan, state, options = start_run(task, resume, argv, log, world)
         step_model = distributed.wrap_model(training.model, world)
@@ -132,7 +131,7 @@ def run_task(task: Task, resume: str | None = None, argv: list[str] | None = Non
                                  grad_scaler=options.grad_scaler, ema=training.ema)
         if settings.cuda_graph and device.type == "cuda":
             step = cuda_graphed(step)
-        metrics = MetricsLog(run_dir) if world.is_main else None
+        tensorboard = tensorboard_writer(run_dir) if world.is_main else None
         start = time.perf_counter()
         for epoch in range(state["epoch"] + 1, settings.epochs + 1):
             # rank 0 decides, every rank follows: ranks that stopped apart would hang
@@ -164,13 +163,11 @@ def run_task(task: Task, resume: str | None = None, argv: list[str] | None = Non
             rng = rng_state(device, world)  # every rank's (a gather on GPUs)
             if world.is_main:
                 _checkpoint(task, training, plan, options, state, row, rng, improved)
-                metrics.log(row)
+                log_metrics(run_dir, row, tensorboard)
             log(epoch_line(row, improved))
             if state["reached_target"]:
                 log(f"validation accuracy {row['val_accuracy']:.4f} reached the target "
                     f"{target:.4f}; stopping after epoch {epoch}")
-        if metrics is not None:
-            metrics.close()
         results = None
         if world.is_main:
             results = _report(task, training.evaluated, state, memory, log)
@@ -184,6 +181,8 @@ def run_task(task: Task, resume: str | None = None, argv: list[str] | None = Non
         raise MemoryExceeded(out_of_memory_message(device, settings.batch_size // world.size,
                                                    memory, world.size)) from None
     finally:
+        if tensorboard is not None:
+            tensorboard.close()
         distributed.teardown(world, wait_for_all=finished)
 
 
@@ -393,10 +392,4 @@ def describe_run(run_dir: Path, settings: TrainSettings, model, plan: SpeedPlan,
         "settings": settings.to_dict(), "model_config": config_to_dict(unwrap(model).config),
         "speed": plan.as_dict()})
     command = " ".join(["capsnet", *(argv if argv is not None else sys.argv[1:])])
-    with open(run_dir / "command.txt", "a") as f:
-        f.write(command + "\n")
-
-
-def write_json(path: Path, values: dict) -> None:
-    """``values`` as indented JSON, written atomically."""
-    atomic_write(path, lambda f: f.write(json.dumps(values, indent=2) + "\n"), mode="w")
+    append_text(run_dir / "command.txt", command + "\n")
