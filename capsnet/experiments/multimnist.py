@@ -145,7 +145,7 @@ def pair_loss(model: nn.Module, x: torch.Tensor, labels: torch.Tensor, digits: t
     ``reconstruction_weight`` times each digit's reconstruction loss from its own capsule.
     x (B, 1, S, S), labels (B, 2), digits (B, 2, 1, S, S)."""
     out = model(x, labels[:, 0])  # lengths (B, J), poses (B, J, D), reconstruction of digit 1
-    loss = margin_loss(out.lengths.float(), two_hot(labels, out.lengths.shape[-1]))
+    loss = margin_loss(out.scores.float(), two_hot(labels, out.scores.shape[-1]))
     if out.reconstructions is not None and reconstruction_weight > 0:
         capsnet = unwrap(model)  # the decoder of the model inside a DDP wrapper
         with autocast_to(x.device, capsnet.compute_dtype):
@@ -192,7 +192,7 @@ def pairs_loss(model: nn.Module, batch: Batch, run_fraction=None,
     digits right."""
     x, labels, digits = batch
     loss, out = pair_loss(model, x, labels, digits, reconstruction_weight)
-    return loss, pairs_correct(out.lengths.detach(), labels).sum()
+    return loss, pairs_correct(out.scores.detach(), labels).sum()
 
 
 def train_pairs_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
@@ -227,7 +227,7 @@ def reconstruct_pairs(model: nn.Module, pairs: DigitPairs) -> tuple[torch.Tensor
     model.eval()
     require_decoder(model)
     out = model(to_model_input(pairs.images))  # poses (K, J, D)
-    chosen = top_two(out.lengths)  # (K, 2)
+    chosen = top_two(out.scores)  # (K, 2)
     first = model.decoder(out.poses, chosen[:, 0])[:, 0]  # (K, S, S)
     second = model.decoder(out.poses, chosen[:, 1])[:, 0]  # (K, S, S)
     return first, second, chosen
