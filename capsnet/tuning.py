@@ -6,9 +6,11 @@ computes bf16 natively (CPUs with AVX512-BF16 or AMX, CUDA GPUs from compute cap
 else float32; conv_impl 'auto' is the per-kernel-row GEMMs on a CPU
 (:mod:`capsnet.layers.gemm_conv`), PyTorch's convolution (cuDNN) elsewhere.
 
-The memory figure: read once after the run's first training step (no probe of its own):
-the peak (CUDA's ``max_memory_allocated``; on a CPU the process's peak resident memory) and
-what stays between steps; their difference per image gives the largest batch that fits.
+The memory figure: read from the run itself (no probe of its own), after its first
+training step (the peak so far and what stays between steps: their difference per image
+gives the largest batch that fits a GPU) and after its first validation (the peak the log
+line reports). The peak is CUDA's ``max_memory_allocated`` on a GPU and the process's
+peak resident memory on a CPU.
 """
 from __future__ import annotations
 
@@ -134,36 +136,42 @@ def resident_bytes() -> tuple[int, int] | None:
     return now, max(now, peak_kib * 1024)  # the kernel updates the peak lazily
 
 
-def measure_step_memory(device: torch.device, batch_size: int) -> dict:
-    """Memory after the run's first training step, read once: ``peak`` (a GPU's
-    max_memory_allocated; on a CPU the process's peak resident memory, the data and the
-    libraries included) and ``held`` (what stays between steps: the data, the weights,
-    their gradients and Adam's moments, the EMA), at ``batch_size`` per process; {} where
-    the device does not say."""
+def memory_now(device: torch.device) -> tuple[int, int] | None:
+    """(held now, peak so far) bytes: a GPU's allocated and max allocated memory; on a CPU
+    the process's resident memory, the data and the libraries included; None elsewhere."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        peak, held = torch.cuda.max_memory_allocated(device), torch.cuda.memory_allocated(device)
-    elif device.type == "cpu" and resident_bytes() is not None:
-        held, peak = resident_bytes()
-    else:
+        return torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
+    return resident_bytes() if device.type == "cpu" else None
+
+
+def measure_step_memory(device: torch.device, batch_size: int) -> dict:
+    """Memory after the run's first training step at ``batch_size`` per process, read once:
+    ``step_peak`` (the peak so far) and ``held`` (what stays between steps: the data, the
+    weights, their gradients and Adam's moments, the EMA); {} where the device does not say.
+    :func:`memory_line` adds the peak after the first validation, ``peak``."""
+    now = memory_now(device)
+    if now is None:
         return {}
-    return {"peak": peak, "held": held, "batch": batch_size, "device": device.type}
+    return {"held": now[0], "step_peak": now[1], "peak": now[1], "batch": batch_size,
+            "device": device.type}
 
 
 def per_image_bytes(memory: dict) -> int:
-    """What a step takes per image beyond what stays between steps."""
-    return max(0, memory["peak"] - memory["held"]) // max(1, memory["batch"])
+    """What the first step took per image beyond what stays between steps (0 on a CPU,
+    whose freed memory stays resident)."""
+    return max(0, memory["step_peak"] - memory["held"]) // max(1, memory["batch"])
 
 
-def memory_line(memory: dict) -> str:
-    """One line for the run log (``memory``: :func:`measure_step_memory`'s)."""
+def memory_line(memory: dict, epoch: int) -> str:
+    """One line for the run log, after ``epoch``'s training and validation."""
     if not memory:
         return "not measured on this device"
-    what = "the GPU's allocated peak" if memory["device"] == "cuda" else "the process's peak"
-    return (f"{memory['peak'] / GIB:.2f} GiB at batch {memory['batch']} per process, "
-            f"measured at the first step ({what}; {memory['held'] / GIB:.2f} GiB held "
-            f"between steps: data, weights, Adam; {per_image_bytes(memory) / MIB:.1f} MiB "
-            f"an image)")
+    what = "the GPU's allocated" if memory["device"] == "cuda" else "the process's resident"
+    return (f"{memory['peak'] / GIB:.2f} GiB peak per process by the end of epoch {epoch} "
+            f"({what} memory; training at batch {memory['batch']} and validation; "
+            f"{memory['step_peak'] / GIB:.2f} GiB by the end of the first step, "
+            f"{memory['held'] / GIB:.2f} GiB held between steps)")
 
 
 def device_memory(device: torch.device) -> int | None:
@@ -199,5 +207,5 @@ def out_of_memory_message(device: torch.device, batch_size: int, memory: dict,
               if fits else "not even one image fits: use a smaller preset, --precision bf16 "
               "(or fp16), or a larger GPU")
     return (f"{device} ran out of memory at batch {batch_size} per process: the first step "
-            f"measured {memory['peak'] / GIB:.2f} GiB{capacity} (the estimate); {advice}. "
-            f"The checkpoints of the epochs before are intact")
+            f"measured {memory['step_peak'] / GIB:.2f} GiB{capacity} (the estimate); "
+            f"{advice}. The checkpoints of the epochs before are intact")

@@ -37,13 +37,13 @@ def test_on_a_cpu_the_figure_is_the_processes_peak_resident_memory():
     held, peak = resident_bytes()
     assert peak >= held > 0
     memory = measure_step_memory(torch.device("cpu"), 128)
-    assert memory["peak"] >= peak and memory["batch"] == 128
-    line = memory_line(memory)
-    assert "GiB at batch 128 per process, measured at the first step" in line
+    assert memory["step_peak"] >= peak and memory["batch"] == 128
+    line = memory_line(memory, 1)
+    assert "GiB peak per process by the end of epoch 1" in line and "batch 128" in line
 
 
 def test_the_largest_batch_that_fits():
-    memory = {"peak": 5 * GIB, "held": GIB, "batch": 4096, "device": "cuda"}  # 1 MiB an image
+    memory = {"step_peak": 5 * GIB, "held": GIB, "batch": 4096, "device": "cuda"}  # 1 MiB/image
     capacity = usable_gpu_bytes(16 * GIB)  # a V100-16GB
     fits = largest_batch(memory, capacity)
     assert GIB + fits * MIB <= capacity < GIB + (fits + 1) * MIB
@@ -52,7 +52,7 @@ def test_the_largest_batch_that_fits():
 
 def test_the_out_of_memory_line_names_the_measure_and_what_to_do(monkeypatch):
     monkeypatch.setattr("capsnet.tuning.device_memory", lambda device: 16 * GIB)
-    memory = {"peak": 5 * GIB, "held": GIB, "batch": 4096, "device": "cuda"}
+    memory = {"step_peak": 5 * GIB, "held": GIB, "batch": 4096, "device": "cuda"}
     line = out_of_memory_message(torch.device("cuda", 0), 4096, memory)
     fits = largest_batch(memory, usable_gpu_bytes(16 * GIB))
     assert "\n" not in line and "batch 4096" in line and "5.00 GiB" in line
@@ -90,6 +90,6 @@ def test_train_logs_the_measure_with_the_plan(tiny_mnist_dir, tmp_path, capsys):
     assert main(tiny_train(tiny_mnist_dir, run, 1)) == 0
     out = capsys.readouterr().out
     assert "speed: precision fp32; convolutions: conv1 gemm" in out
-    assert "memory: " in out and "measured at the first step" in out
+    assert "memory: " in out and "peak per process by the end of epoch 1" in out
     results = json.loads((run / "results.json").read_text())
     assert (resident_bytes() is None) or results["memory_peak_bytes"] > 0

@@ -267,6 +267,9 @@ def add_run_args(p: argparse.ArgumentParser, out_dir: str) -> None:
                    help="also keep the checkpoint of every N-th epoch as epoch-NNN.pt in the "
                         "run directory, e.g. to compare models at a matched validation "
                         "accuracy later (metrics.csv lists each epoch's)")
+    p.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
+                   help="write last.pt every N epochs (and after the last and before a stop; "
+                        "best.pt whenever validation improves); a resume goes on from it")
     p.set_defaults(default_out_dir=out_dir)
 
 

@@ -6,7 +6,7 @@ import csv
 import io
 from pathlib import Path
 
-from capsnet.atomic import append_text
+from capsnet.atomic import append_text, write_text
 
 METRICS_FILE = "metrics.csv"
 
@@ -31,6 +31,21 @@ def log_metrics(run_dir: str | Path, row: dict, tensorboard=None) -> None:
             if key != "epoch" and isinstance(value, (int, float)) and value == value:
                 tensorboard.add_scalar(key, value, row["epoch"])
         tensorboard.flush()
+
+
+def trim_metrics(run_dir: str | Path, last_epoch: int) -> None:
+    """Drop the rows of epochs after ``last_epoch`` (a resume redoes them), if any."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return
+    rows = read_metrics(run_dir)
+    if all(row["epoch"] <= last_epoch for row in rows):
+        return
+    with open(path, newline="") as f:
+        lines = f.read().splitlines(keepends=True)
+    kept = [lines[0]] + [line for line, row in zip(lines[1:], rows, strict=True)
+                         if row["epoch"] <= last_epoch]
+    write_text(path, "".join(kept))
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

@@ -24,7 +24,8 @@ from capsnet.training.loop import predict_scores
 from capsnet.training.settings import RESUME_OVERRIDES, TrainSettings, resumed_settings
 
 # Settings a seed's run directory may hold with other values and still be the same run.
-NOT_THE_RECIPE = (*RESUME_OVERRIDES, "out_dir", "data_dir", "download", "compile", "seed")
+NOT_THE_RECIPE = (*RESUME_OVERRIDES, "out_dir", "data_dir", "download", "compile", "cuda_graph",
+                  "seed")
 
 
 def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | Path,

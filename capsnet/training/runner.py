@@ -41,7 +41,7 @@ from capsnet.training.loop import (
     run_epoch,
     train_step,
 )
-from capsnet.training.metrics_log import log_metrics, tensorboard_writer
+from capsnet.training.metrics_log import log_metrics, tensorboard_writer, trim_metrics
 from capsnet.training.optimisation import Training, build_training, initialise_from_data
 from capsnet.training.settings import TrainSettings, resume_checkpoint
 from capsnet.tuning import (
@@ -51,6 +51,7 @@ from capsnet.tuning import (
     choose_plan,
     measure_step_memory,
     memory_line,
+    memory_now,
     out_of_memory_message,
     tune_for_inference,
 )
@@ -134,10 +135,7 @@ def run_task(task: Task, resume: str | None = None, argv: list[str] | None = Non
         tensorboard = tensorboard_writer(run_dir) if world.is_main else None
         start = time.perf_counter()
         for epoch in range(state["epoch"] + 1, settings.epochs + 1):
-            # rank 0 decides, every rank follows: ranks that stopped apart would hang
-            stop = world.is_main and (state["reached_target"]
-                                      or _out_of_time(settings, start, state, epoch, log))
-            if distributed.broadcast_object(stop, world):
+            if state["reached_target"]:  # a resumed run that had reached it
                 break
             lr = float(training.optimizer.param_groups[0]["lr"])  # the epoch's first step's
             options.run_span = ((epoch - 1) / settings.epochs, epoch / settings.epochs)
@@ -154,29 +152,42 @@ def run_task(task: Task, resume: str | None = None, argv: list[str] | None = Non
                    "epoch_seconds": round(seconds, 3),
                    "images_per_second": round(len(order) * world.size / seconds, 1),
                    **validate(task, training, world)}
+            if memory and "logged" not in memory:  # the first epoch of this process
+                memory.update(peak=memory_now(device)[1], logged=True)
+                log(f"memory: {memory_line(memory, epoch)}")
             state["last_epoch_seconds"] = time.perf_counter() - start - state.get("spent", 0.0)
             state["spent"] = time.perf_counter() - start
             improved = _select(row, state, epoch)
             target = settings.target_accuracy
             state["epoch"] = epoch
             state["reached_target"] = target is not None and row.get("val_accuracy", -1) >= target
-            rng = rng_state(device, world)  # every rank's (a gather on GPUs)
-            if world.is_main:
-                _checkpoint(task, training, plan, options, state, row, rng, improved)
-                log_metrics(run_dir, row, tensorboard)
             log(epoch_line(row, improved))
             if state["reached_target"]:
                 log(f"validation accuracy {row['val_accuracy']:.4f} reached the target "
                     f"{target:.4f}; stopping after epoch {epoch}")
+            # rank 0 decides, every rank follows: ranks that stopped apart would hang
+            stop = distributed.broadcast_object(world.is_main and (
+                state["reached_target"] or _out_of_time(settings, start, state, epoch, log)),
+                world)
+            resumable = (stop or epoch == settings.epochs
+                         or epoch % settings.checkpoint_every == 0)
+            rng = rng_state(device, world)  # every rank's (a gather on GPUs)
+            if world.is_main:
+                _checkpoint(task, training, plan, options, state, row, rng, improved, resumable)
+                log_metrics(run_dir, row, tensorboard)
+            if resumable:
+                state["saved_epoch"] = epoch
+            if stop:
+                break
         results = None
         if world.is_main:
-            results = _report(task, training.evaluated, state, memory, log)
+            results = _report(task, training.evaluated, state, log)
         results = distributed.broadcast_object(results, world)
         finished = True
         return results
     except NonFiniteLossError as exc:
         raise NonFiniteLossError(f"{exc}; stopped. The last good checkpoint is "
-                                 f"{run_dir / 'last.pt'} (epoch {state['epoch']}).") from None
+                                 f"{run_dir / 'last.pt'} (epoch {state['saved_epoch']}).") from None
     except torch.cuda.OutOfMemoryError:
         raise MemoryExceeded(out_of_memory_message(device, settings.batch_size // world.size,
                                                    memory, world.size)) from None
@@ -205,11 +216,14 @@ def start_run(task: Task, resume: str | None, argv, log: Log, world: World
     training = build_training(settings, task.model_overrides(), device, steps)
     if world.is_main:  # only now: bad data or an unworkable size leave no run directory
         run_dir.mkdir(parents=True, exist_ok=True)
-    state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None, "reached_target": False}
+    state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None, "reached_target": False,
+             "saved_epoch": 0}
     saved: dict = {}
     if resume is not None:
         state, saved = _restore(resume_checkpoint(resume), task, training, world)
         log(f"resuming {resume} after epoch {state['epoch']}")
+        if world.is_main:  # rows of epochs after last.pt's (--checkpoint-every) are redone
+            trim_metrics(run_dir, state["epoch"])
         if saved["schedule_change"]:
             log(saved["schedule_change"])
     else:  # every rank sees the same images: the same initialisation everywhere
@@ -235,15 +249,14 @@ def start_run(task: Task, resume: str | None, argv, log: Log, world: World
 def progress_bar(task: Task, world: World, epoch: int, memory: dict, options: StepOptions,
                  log: Log) -> Iterator[Progress]:
     """The epoch's progress bar (rank 0, unless --no-progress) as an ``on_progress``; at
-    the run's first read-back, after its first step, the step's memory is measured and
-    logged once (:func:`capsnet.tuning.measure_step_memory`)."""
+    the run's first read-back, after its first step, the step's memory is measured once
+    (:func:`capsnet.tuning.measure_step_memory`)."""
     with tqdm(total=_epoch_size(task, world), desc=f"epoch {epoch}", unit="img", leave=False,
               dynamic_ncols=True, disable=not (task.settings.progress and world.is_main)) as bar:
 
         def on_progress(done: int, loss: float, accuracy: float) -> None:
             if not memory:
                 memory.update(measure_step_memory(world.device, options.batch_size))
-                log(f"memory: {memory_line(memory)}")
             bar.update(done - bar.n)
             bar.set_postfix(loss=f"{loss:.4f}", acc=f"{accuracy:.4f}")
 
@@ -261,19 +274,24 @@ def validate(task: Task, training: Training, world: World) -> dict:
 
 
 def _checkpoint(task: Task, training: Training, plan: SpeedPlan, options: StepOptions,
-                state: dict, row: dict, rng: dict, improved: bool) -> None:
-    """last.pt (everything a resume needs), best.pt when the epoch improved (a copy), and
-    with --keep-every the epoch's evaluated weights alone as epoch-NNN.pt."""
+                state: dict, row: dict, rng: dict, improved: bool, resumable: bool) -> None:
+    """When ``resumable`` (every --checkpoint-every epochs, the last and before a stop)
+    last.pt (everything a resume needs); best.pt when the epoch improved (a copy of last.pt,
+    else written as last.pt would be); with --keep-every the epoch's evaluated weights alone
+    as epoch-NNN.pt."""
     settings, run_dir = task.settings, Path(task.settings.out_dir)
     kept = ("epoch", "best_val_accuracy", "best_epoch", "reached_target")  # not the timings
     described = dict(train_settings=settings.to_dict(), metrics=row, speed_plan=plan.as_dict(),
                      **{k: state[k] for k in kept})
-    resumable = dict(**training.checkpoint_state(), rng=rng)
+    state_now = dict(**training.checkpoint_state(), rng=rng)
     if options.grad_scaler is not None:
-        resumable["grad_scaler"] = options.grad_scaler.state_dict()
-    save_checkpoint(run_dir / "last.pt", training.evaluated, **resumable, **described)
-    if improved:  # the same checkpoint under another name: copied, not re-serialised
-        atomic_copy(run_dir / "last.pt", run_dir / "best.pt")
+        state_now["grad_scaler"] = options.grad_scaler.state_dict()
+    if resumable:
+        save_checkpoint(run_dir / "last.pt", training.evaluated, **state_now, **described)
+        if improved:  # the same checkpoint under another name: copied, not re-serialised
+            atomic_copy(run_dir / "last.pt", run_dir / "best.pt")
+    elif improved:
+        save_checkpoint(run_dir / "best.pt", training.evaluated, **state_now, **described)
     epoch = state["epoch"]
     if settings.keep_every and epoch % settings.keep_every == 0:
         # weights only: a third of last.pt (no Adam moments), enough to evaluate the epoch
@@ -325,15 +343,14 @@ def epoch_line(row: dict, improved: bool) -> str:
     return " | ".join(parts)
 
 
-def _report(task: Task, model: nn.Module, state: dict, memory: dict, log: Log) -> dict:
+def _report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
     """results.json: where the run stands and, unless its time limit stopped it, the test
     set once for the final and (when it differs) the validation-selected model, both with
     the run's --precision and --conv-impl as `capsnet evaluate` runs them."""
     settings, run_dir = task.settings, Path(task.settings.out_dir)
     complete = not state.get("stopped_for_time")
     results = {"task": task.name, "complete": complete, "epochs": state["epoch"],
-               "best_epoch": state["best_epoch"], "best_val_accuracy": state["best_val_accuracy"],
-               "memory_peak_bytes": memory.get("peak")}
+               "best_epoch": state["best_epoch"], "best_val_accuracy": state["best_val_accuracy"]}
     if complete:
         device, best = next(model.parameters()).device, None
         if state["best_epoch"] not in (None, state["epoch"]) and (run_dir / "best.pt").exists():
@@ -343,6 +360,8 @@ def _report(task: Task, model: nn.Module, state: dict, memory: dict, log: Log) -
                 tune_for_inference(m.eval(), device, settings.precision, settings.conv_impl)
         results.update(reached_target=state["reached_target"],
                        **task.final_report(model, best, state, log))
+    now = memory_now(next(model.parameters()).device)
+    results["memory_peak_bytes"] = None if now is None else now[1]  # the test's too
     write_json(run_dir / "results.json", results)
     return results
 
@@ -365,6 +384,7 @@ def _restore(path: Path, task: Task, training: Training,
     set_rng_state(payload["rng"], world.device, world.rank)
     state = {k: payload[k] for k in ("epoch", "best_val_accuracy", "best_epoch")}
     state["reached_target"] = payload.get("reached_target", False)
+    state["saved_epoch"] = state["epoch"]
     return state, {**{k: payload.get(k) for k in ("speed_plan", "grad_scaler")},
                    "schedule_change": schedule_change}
 

@@ -105,6 +105,7 @@ class TrainSettings:
     test_pairs: int | None = None  # MultiMNIST: test pairs made from the test digits
     time_limit: float | None = None  # seconds: stop (resumable) before an epoch would overrun
     keep_every: int | None = None  # also keep every N-th epoch's checkpoint as epoch-NNN.pt
+    checkpoint_every: int = 1  # last.pt every N epochs (and the last, and before a stop)
     out_dir: str = "runs/latest"
     progress: bool = True
 
@@ -152,6 +153,9 @@ class TrainSettings:
         if self.augment != "shift" and self.crop is not None:
             raise ValueError(f"crop takes the place of augment 'shift'; it does not combine "
                              f"with augment {self.augment!r}")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be a positive number of epochs, "
+                             f"not {self.checkpoint_every}")
         if self.keep_every is not None and self.keep_every < 1:
             raise ValueError(f"keep_every must be a positive number of epochs, "
                              f"not {self.keep_every}")
@@ -199,7 +203,8 @@ def validation_size(requested: int | None, pool: int) -> int:
 
 
 # Always taken from the command that resumes a run; the rest are the run's own settings.
-RESUME_OVERRIDES = ("epochs", "device", "progress", "time_limit", "keep_every")
+RESUME_OVERRIDES = ("epochs", "device", "progress", "time_limit", "keep_every",
+                    "checkpoint_every")
 
 
 def resume_checkpoint(path: str | Path) -> Path:
