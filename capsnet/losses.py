@@ -32,9 +32,13 @@ def reconstruction_loss(reconstructions: torch.Tensor, images: torch.Tensor) -> 
 
 
 def capsule_loss(output, images: torch.Tensor, labels: torch.Tensor,
-                 reconstruction_weight: float = RECONSTRUCTION_WEIGHT) -> torch.Tensor:
-    """Margin loss plus the weighted reconstruction loss of a :class:`CapsuleOutput`."""
+                 reconstruction_weight: float = RECONSTRUCTION_WEIGHT,
+                 margin_weight: float = 1.0) -> torch.Tensor:
+    """Margin loss (times ``margin_weight``: 0.5 in the released code, 0.5 x present + 0.25 x
+    absent) plus the weighted reconstruction loss of a :class:`CapsuleOutput`."""
     loss = margin_loss(output.lengths.float(), labels)
+    if margin_weight != 1.0:
+        loss = margin_weight * loss
     if output.reconstructions is not None and reconstruction_weight > 0:
         loss = loss + reconstruction_weight * reconstruction_loss(output.reconstructions, images)
     return loss
@@ -59,12 +63,12 @@ def spread_loss(activations: torch.Tensor, targets: torch.Tensor,
 
 def model_loss(output, images: torch.Tensor, labels: torch.Tensor,
                reconstruction_weight: float = RECONSTRUCTION_WEIGHT,
-               run_fraction: float = 1.0) -> torch.Tensor:
+               run_fraction: float = 1.0, margin_weight: float = 1.0) -> torch.Tensor:
     """The training loss of any model: cross-entropy for logits (plus the weighted
     reconstruction loss for a CNN with a decoder); for capsule outputs the
     loss their type names (``loss_name``): the spread loss for matrix capsules (its margin
     at ``run_fraction`` of the run; 1, the final margin, outside training), else CapsNet's
-    margin and reconstruction loss."""
+    margin (times ``margin_weight``) and reconstruction loss."""
     if isinstance(output, torch.Tensor):
         return F.cross_entropy(output.float(), labels)
     if hasattr(output, "logits"):  # a CNN with a decoder (models.cnn_baseline.CNNOutput)
@@ -72,4 +76,4 @@ def model_loss(output, images: torch.Tensor, labels: torch.Tensor,
         return loss + reconstruction_weight * reconstruction_loss(output.reconstructions, images)
     if getattr(output, "loss_name", "margin") == "spread":  # models.em_capsnet
         return spread_loss(output.activations.float(), labels, spread_margin(run_fraction))
-    return capsule_loss(output, images, labels, reconstruction_weight)
+    return capsule_loss(output, images, labels, reconstruction_weight, margin_weight)
