@@ -7,7 +7,8 @@ import torch
 
 from capsnet.config import ConfigError
 from capsnet.losses import capsule_loss, margin_loss
-from capsnet.models.capsnet import CapsNet, CapsNetConfig, CapsuleOutput
+from capsnet.models.base import ModelOutput
+from capsnet.models.capsnet import CapsNet, CapsNetConfig
 from capsnet.routing.dynamic import RELEASED_BIAS_INIT, DynamicRouter
 from capsnet.training.optimisation import make_scheduler
 from capsnet.training.settings import (
@@ -91,7 +92,7 @@ def test_routing_biases_are_added_before_every_squash():
     expected = expected * (router.bias.norm(dim=-1, keepdim=True) ** 2
                            / (1 + router.bias.norm(dim=-1, keepdim=True) ** 2))
     torch.testing.assert_close(v[0], expected.detach())
-    (model(torch.rand(2, 1, 28, 28), torch.tensor([1, 2])).lengths.sum()).backward()
+    (model(torch.rand(2, 1, 28, 28), torch.tensor([1, 2])).scores.sum()).backward()
     assert model.digit_caps.router.bias.grad.abs().sum() > 0  # it trains
 
 
@@ -104,7 +105,7 @@ def test_margin_weight_halves_only_the_margin_loss():
     lengths = torch.tensor([[0.2, 0.7, 0.05], [0.95, 0.3, 0.6]])  # (B, J)
     labels = torch.tensor([1, 0])
     recon, images = torch.rand(2, 1, 4, 4), torch.rand(2, 1, 4, 4)
-    out = CapsuleOutput(lengths, torch.zeros(2, 3, 16), recon)
+    out = ModelOutput(lengths, torch.zeros(2, 3, 16), recon)
     whole = capsule_loss(out, images, labels, 0.0005)
     halved = capsule_loss(out, images, labels, 0.0005, margin_weight=0.5)
     torch.testing.assert_close(whole - halved, 0.5 * margin_loss(lengths, labels))

@@ -3,15 +3,21 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from capsnet.config import ConfigError, NormalisedDataConfig, conv_output_size, stack_fields
 from capsnet.layers import Decoder, DigitCaps, GemmConv2d, InputNorm, PrimaryCaps, full_precision
-from capsnet.layers.digit_caps import W_INIT_STD
-from capsnet.models.base import TYPE_MAJOR, Children, ClassRouting, ModelEntry, autocast_to
+from capsnet.layers.routed_caps import W_INIT_STD
+from capsnet.models.base import (
+    TYPE_MAJOR,
+    Children,
+    ClassRouting,
+    ModelEntry,
+    ModelOutput,
+    autocast_to,
+)
 from capsnet.routing import capsnet_routers, router_class
 
 
@@ -90,14 +96,9 @@ class CapsNetConfig(NormalisedDataConfig):
         return self.primary_types * self.primary_grid**2
 
 
-class CapsuleOutput(NamedTuple):
-    lengths: torch.Tensor  # (B, J) the class scores: the router's activations (|v| for dynamic)
-    poses: torch.Tensor  # (B, J, D) DigitCaps output vectors v
-    reconstructions: torch.Tensor | None  # (B, C, H, W), None without a decoder
-
-
 class CapsNet(nn.Module):
-    """Input images (B, C, H, W) in [0, 1]; output :class:`CapsuleOutput`.
+    """Input images (B, C, H, W) in [0, 1]; a :class:`ModelOutput`: the class scores
+    (B, J), the poses v (B, J, D) and the reconstructions (B, C, H, W) or None.
 
     ``config.routing`` names the router (its activations are the class scores); the decoder
     gets the poses masked by ``labels`` (training) or by the best capsule (inference).
@@ -115,10 +116,7 @@ class CapsNet(nn.Module):
         router = router_class(cfg.routing).from_config(
             cfg, children=cfg.num_primary_caps, parents=cfg.num_classes, pose_dim=cfg.digit_dim)
         self.digit_caps = DigitCaps(cfg.num_primary_caps, cfg.primary_dim, cfg.num_classes,
-                                    cfg.digit_dim, router)
-        if cfg.digit_weights_stddev != W_INIT_STD:  # the same draw, scaled
-            with torch.no_grad():
-                self.digit_caps.W.mul_(cfg.digit_weights_stddev / W_INIT_STD)
+                                    cfg.digit_dim, router, init_std=cfg.digit_weights_stddev)
         image_shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
         self.decoder = (Decoder(cfg.num_classes, cfg.digit_dim, cfg.decoder_hidden, image_shape)
                         if cfg.use_decoder else None)
@@ -133,7 +131,7 @@ class CapsNet(nn.Module):
         return ClassRouting(u, u_hat, None, routed, self.digit_caps.router)
 
     def forward_head(self, routing: ClassRouting,
-                     labels: torch.Tensor | None = None) -> CapsuleOutput:
+                     labels: torch.Tensor | None = None) -> ModelOutput:
         """The routed class capsules, and the decoder's image of the one ``labels`` names."""
         v, lengths = routing.routed.poses, routing.routed.activations  # (B, 10, 16), (B, 10)
         reconstructions = None
@@ -141,9 +139,9 @@ class CapsNet(nn.Module):
             with autocast_to(v.device, self.compute_dtype):
                 keep = labels if labels is not None else lengths.argmax(dim=-1)  # (B,)
                 reconstructions = full_precision(self.decoder(v, keep))  # (B, 1, 28, 28)
-        return CapsuleOutput(lengths, v, reconstructions)
+        return ModelOutput(lengths, v, reconstructions, loss=ENTRY.loss)
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> ModelOutput:
         return self.forward_head(self.forward_routing(x), labels)
 
 
