@@ -3,7 +3,7 @@
     >>> import capsnet
     >>> model = capsnet.create_model("capsnet", pretrained=True)
     >>> out = model(images)  # images (B, 1, 28, 28) in [0, 1]
-    >>> out.lengths, out.reconstructions  # (B, 10) class scores, (B, 1, 28, 28)
+    >>> out.scores, out.reconstructions  # (B, 10) class scores, (B, 1, 28, 28)
     >>> capsnet.predict("my_digit.png").class_name
     '7'
 
@@ -21,10 +21,10 @@ __version__ = "0.2.0"
 # public name -> the module that defines it, grouped as in the table above
 _EXPORTS: dict[str, str] = {
     # models and configs
-    **dict.fromkeys(("CapsNet", "CNNBaseline", "EfficientCapsNet", "EMCapsNet", "CapsuleOutput",
-                     "build_model"), "capsnet.models"),
+    **dict.fromkeys(("CapsNet", "CNNBaseline", "EfficientCapsNet", "EMCapsNet", "ModelOutput",
+                     "build_model", "class_scores"), "capsnet.models"),
     **dict.fromkeys(("CapsNetConfig", "CNNConfig", "EfficientCapsNetConfig", "EMCapsNetConfig",
-                     "make_config", "MatrixCapsuleOutput"), "capsnet.models"),
+                     "make_config"), "capsnet.models"),
     # by name, with trained weights
     **dict.fromkeys(("create_model", "list_models", "load_pretrained", "pretrained_names"),
                     "capsnet.pretrained"),
@@ -49,10 +49,14 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [*_EXPORTS, "__version__"]
+# deprecated names (one release), not in __all__: every model returns ModelOutput
+_DEPRECATED = dict.fromkeys(("CapsuleOutput", "MatrixCapsuleOutput"), "capsnet.models")
 
 
 def __getattr__(name: str) -> Any:
     """Import a public name on first use (PEP 562); it is a plain attribute from then on."""
+    if name in _DEPRECATED:  # warns on every use: not cached
+        return getattr(importlib.import_module(_DEPRECATED[name]), name)
     if name not in _EXPORTS:
         raise AttributeError(f"module 'capsnet' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

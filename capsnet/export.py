@@ -1,12 +1,17 @@
-"""Inference models for other runtimes: ONNX and TorchScript files from a trained model.
+"""Inference models for other runtimes, written the current PyTorch way: ONNX by the
+dynamo-based exporter (``torch.onnx.export(dynamo=True)``) and a ``torch.export`` program
+(``.pt2``, ``torch.export.load``). TorchScript is deprecated by PyTorch: ``torchscript`` is
+kept one release as an alias of ``pt2`` that says so.
 
 The exported model takes float images (B, C, H, W) in [0, 1] (B dynamic) and returns the
 class scores (B, J) and, with a decoder, the reconstructions (B, C, H, W); the config and
-these names are stored in the file (ONNX metadata, TorchScript ``capsnet.json``)."""
+these names are stored in the file (ONNX metadata, the program's extra file ``capsnet.json``)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -18,15 +23,16 @@ from torch import nn
 from capsnet.atomic import atomic_path
 from capsnet.checkpoint import WEIGHTS_SUFFIX, load_checkpoint, load_model, save_weights
 from capsnet.config import class_names, config_to_dict
-from capsnet.models import CapsuleOutput, class_scores, entry_of
+from capsnet.models import entry_of
 
-FORMATS = ("onnx", "torchscript")
-SUFFIXES = {"onnx": ".onnx", "torchscript": ".ts.pt"}  # default file names: <stem><suffix>
-ONNX_OPSET = 17  # a model's registry entry may ask for a later one (onnx_opset)
+FORMATS = ("onnx", "pt2", "torchscript")
+DEPRECATED_FORMATS = {"torchscript": "pt2"}  # deprecated name -> the format it writes
+SUFFIXES = {"onnx": ".onnx", "pt2": ".pt2"}  # default file names: <stem><suffix>
+ONNX_OPSET = 18  # EM routing's scatter-max: ScatterElements' reduction 'max' is opset 18
 INPUT_NAME = "images"
 BATCH_AXIS = "batch"
-EXAMPLE_BATCH = 2  # traced with this batch; the batch dimension stays dynamic
-METADATA_FILE = "capsnet.json"  # TorchScript extra file holding the description
+EXAMPLE_BATCH = 2  # exported with this batch; the batch dimension stays dynamic
+METADATA_FILE = "capsnet.json"  # the program's extra file holding the description
 
 
 class InferenceModel(nn.Module):
@@ -39,10 +45,9 @@ class InferenceModel(nn.Module):
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self.model(images)
-        scores = class_scores(out)  # (B, J)
-        if not isinstance(out, CapsuleOutput) or out.reconstructions is None:
-            return (scores,)
-        return scores, out.reconstructions  # (B, J), (B, C, H, W)
+        if out.reconstructions is None:
+            return (out.scores,)  # (B, J)
+        return out.scores, out.reconstructions  # (B, J), (B, C, H, W)
 
 
 def describe(model: nn.Module) -> dict:
@@ -57,37 +62,63 @@ def describe(model: nn.Module) -> dict:
             "class_names": class_names(cfg), "dataset": cfg.dataset}
 
 
-def export_model(model: nn.Module, path: str | os.PathLike, fmt: str) -> Path:
-    """Write a frozen CPU copy of ``model`` as ``fmt`` (onnx or torchscript); returns the path.
-    ONNX by the TorchScript-based exporter (dynamo=False), TorchScript by ``torch.jit.trace``
-    (the routing has a fixed number of iterations, so the trace is whole)."""
+def check_format(fmt: str) -> str:
+    """The format ``fmt`` writes (a deprecated name's replacement, with a warning); a
+    ValueError naming the choices for an unknown one."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose from {list(FORMATS)}")
+    if fmt in DEPRECATED_FORMATS:
+        warnings.warn(f"export format {fmt!r} is deprecated (PyTorch deprecates TorchScript); "
+                      f"writing {DEPRECATED_FORMATS[fmt]!r}, a torch.export program: load it "
+                      f"with torch.export.load(path).module()", FutureWarning, stacklevel=3)
+    return DEPRECATED_FORMATS.get(fmt, fmt)
+
+
+def export_model(model: nn.Module, path: str | os.PathLike, fmt: str) -> Path:
+    """Write a frozen CPU copy of ``model`` as ``fmt`` (onnx or pt2); returns the path. Both
+    start from one ``torch.export`` program with a dynamic batch."""
+    fmt = check_format(fmt)
     model = copy.deepcopy(model).to("cpu").eval().requires_grad_(False)
     cfg, info = model.config, describe(model)
     example = torch.rand(EXAMPLE_BATCH, cfg.in_channels, cfg.image_size, cfg.image_size,
                          generator=torch.Generator().manual_seed(0))  # (B, C, H, W) in [0, 1]
-    wrapper = InferenceModel(model)
-    with torch.no_grad(), atomic_path(path) as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the legacy exporter's and torch.jit's deprecation notes
-        if fmt == "torchscript":
-            torch.jit.save(torch.jit.trace(wrapper, (example,)), str(tmp),
-                           _extra_files={METADATA_FILE: json.dumps(info)})
+    wrapper, dynamic = InferenceModel(model), ({0: torch.export.Dim(BATCH_AXIS, min=1)},)
+    with torch.no_grad(), atomic_path(path) as tmp:
+        if fmt == "pt2":
+            program = torch.export.export(wrapper, (example,), dynamic_shapes=dynamic)
+            with warnings.catch_warnings():  # views sharing a storage: harmless on the CPU
+                warnings.filterwarnings("ignore", "No complete tensor found", UserWarning)
+                torch.export.save(program, str(tmp), extra_files={METADATA_FILE: json.dumps(info)})
             return Path(path)
         try:
             import onnx
-        except ImportError:
-            raise ValueError("ONNX export needs the 'onnx' package (pip install onnx)") from None
-        axes = {name: {0: BATCH_AXIS} for name in [INPUT_NAME, *info["outputs"]]}
-        torch.onnx.export(wrapper, (example,), str(tmp), dynamo=False,
-                          opset_version=entry_of(cfg).onnx_opset or ONNX_OPSET,
-                          input_names=[INPUT_NAME], output_names=info["outputs"],
-                          dynamic_axes=axes)
+            import onnxscript  # noqa: F401  (the dynamo exporter's)
+        except ImportError as exc:
+            raise ValueError(f"ONNX export needs the {exc.name!r} package: "
+                             f'pip install "capsnet[export]"') from None
+        with quiet_onnx_exporter():
+            torch.onnx.export(wrapper, (example,), str(tmp), dynamo=True, opset_version=ONNX_OPSET,
+                              input_names=[INPUT_NAME], output_names=info["outputs"],
+                              dynamic_shapes=dynamic, verbose=False)
         proto = onnx.load(str(tmp))
         entry = proto.metadata_props.add()
         entry.key, entry.value = METADATA_FILE, json.dumps(info)
         onnx.save(proto, str(tmp))
     return Path(path)
+
+
+@contextlib.contextmanager
+def quiet_onnx_exporter():
+    """Hold back the dynamo exporter's progress lines and notes (e.g. on torchvision)."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def export_weights(checkpoint: str | os.PathLike, out_path: str | os.PathLike,
@@ -110,14 +141,13 @@ def export_checkpoint(source: str | os.PathLike, path: str | os.PathLike | None,
             if isinstance(info.get(key), dict):
                 info[key] = {k: info[key][k] for k in ("accuracy", "error") if k in info[key]}
         return export_weights(source, path or source.with_suffix(WEIGHTS_SUFFIX), info=info)
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown export format {fmt!r}; choose from {list(FORMATS)}")
+    fmt = check_format(fmt)
     model = load_model(source, device="cpu")
     return export_model(model, path or source.with_name(source.stem + SUFFIXES[fmt]), fmt)
 
 
 def read_description(path: str | os.PathLike) -> dict[str, Any]:
-    """The description stored in an exported ONNX or TorchScript file."""
+    """The description stored in an exported ONNX file or torch.export program."""
     path = Path(path)
     if path.suffix == SUFFIXES["onnx"]:
         import onnx
@@ -125,7 +155,5 @@ def read_description(path: str | os.PathLike) -> dict[str, Any]:
         props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
         return json.loads(props[METADATA_FILE])
     files = {METADATA_FILE: ""}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        torch.jit.load(str(path), map_location="cpu", _extra_files=files)
+    torch.export.load(str(path), extra_files=files)
     return json.loads(files[METADATA_FILE])

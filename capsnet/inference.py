@@ -20,7 +20,6 @@ from torch import nn
 from capsnet.checkpoint import ModelSource, load_model
 from capsnet.config import class_names
 from capsnet.data.image_dataset import CHANNEL_COUNTS, PIXEL_MAX, display_images, to_model_input
-from capsnet.models import CapsuleOutput, MatrixCapsuleOutput, class_scores
 from capsnet.preprocess import ImageSource, PreprocessError, prepare_for_model
 
 # The paper's Figure 4: each pose dimension moved by -0.25 .. 0.25 in steps of 0.05.
@@ -99,10 +98,10 @@ def run_model(model: nn.Module, images: np.ndarray | torch.Tensor,
     scores, poses, recons = [], [], []
     for chunk in torch.as_tensor(images).split(batch_size):
         out = model(image_batch(chunk, device))
-        scores.append(class_scores(out).float())  # (b, J)
-        if isinstance(out, CapsuleOutput | MatrixCapsuleOutput):
+        scores.append(out.scores.float())  # (b, J)
+        if out.poses is not None:
             poses.append(out.poses.float())  # (b, J, D)
-        if isinstance(out, CapsuleOutput) and out.reconstructions is not None:
+        if out.reconstructions is not None:
             recons.append(out.reconstructions.float())  # (b, C, H, W)
     return (torch.cat(scores), torch.cat(poses) if poses else None,
             torch.cat(recons) if recons else None)

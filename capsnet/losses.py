@@ -33,8 +33,8 @@ def reconstruction_loss(reconstructions: torch.Tensor, images: torch.Tensor) -> 
 
 def capsule_loss(output, images: torch.Tensor, labels: torch.Tensor,
                  reconstruction_weight: float = RECONSTRUCTION_WEIGHT) -> torch.Tensor:
-    """Margin loss plus the weighted reconstruction loss of a :class:`CapsuleOutput`."""
-    loss = margin_loss(output.lengths.float(), labels)
+    """Margin loss plus the weighted reconstruction loss of a model's output."""
+    loss = margin_loss(output.scores.float(), labels)
     if output.reconstructions is not None and reconstruction_weight > 0:
         loss = loss + reconstruction_weight * reconstruction_loss(output.reconstructions, images)
     return loss
@@ -57,19 +57,27 @@ def spread_loss(activations: torch.Tensor, targets: torch.Tensor,
     return (gap * wrong).sum(dim=-1).mean()
 
 
+def cross_entropy_loss(output, images: torch.Tensor, labels: torch.Tensor,
+                       reconstruction_weight: float = RECONSTRUCTION_WEIGHT) -> torch.Tensor:
+    """Cross-entropy of a CNN's logits, plus the weighted reconstruction loss if it has a
+    decoder (Qin et al. 2020's CNN+R)."""
+    loss = F.cross_entropy(output.logits.float(), labels)
+    if output.reconstructions is not None:
+        loss = loss + reconstruction_weight * reconstruction_loss(output.reconstructions, images)
+    return loss
+
+
 def model_loss(output, images: torch.Tensor, labels: torch.Tensor,
                reconstruction_weight: float = RECONSTRUCTION_WEIGHT,
                run_fraction: float = 1.0) -> torch.Tensor:
-    """The training loss of any model: cross-entropy for logits (plus the weighted
-    reconstruction loss for a CNN with a decoder); for capsule outputs the
-    loss their type names (``loss_name``): the spread loss for matrix capsules (its margin
-    at ``run_fraction`` of the run; 1, the final margin, outside training), else CapsNet's
-    margin and reconstruction loss."""
-    if isinstance(output, torch.Tensor):
-        return F.cross_entropy(output.float(), labels)
-    if hasattr(output, "logits"):  # a CNN with a decoder (models.cnn_baseline.CNNOutput)
-        loss = F.cross_entropy(output.logits.float(), labels)
-        return loss + reconstruction_weight * reconstruction_loss(output.reconstructions, images)
-    if getattr(output, "loss_name", "margin") == "spread":  # models.em_capsnet
-        return spread_loss(output.activations.float(), labels, spread_margin(run_fraction))
-    return capsule_loss(output, images, labels, reconstruction_weight)
+    """The training loss of any model's :class:`~capsnet.models.ModelOutput`, the one its
+    ``loss`` names (the model's registry entry's): CapsNet's margin and reconstruction loss,
+    the spread loss (its margin at ``run_fraction`` of the run; 1, the final margin, outside
+    training) or cross-entropy."""
+    if output.loss == "spread":
+        return spread_loss(output.scores.float(), labels, spread_margin(run_fraction))
+    if output.loss == "cross_entropy":
+        return cross_entropy_loss(output, images, labels, reconstruction_weight)
+    if output.loss == "margin":
+        return capsule_loss(output, images, labels, reconstruction_weight)
+    raise ValueError(f"unknown loss {output.loss!r}; choose from margin, spread, cross_entropy")

@@ -20,7 +20,7 @@ from capsnet.attacks.methods import cw_l2, pgd, project, square_linf, within_rad
 from capsnet.attacks.objectives import ATTACK_LOSSES, prepare_for_attack
 from capsnet.attacks.ood import CORRUPTIONS, ood_row
 from capsnet.attacks.runner import sanity_checks
-from capsnet.models import CapsuleOutput, build_model, make_config
+from capsnet.models import ModelOutput, build_model, make_config
 from capsnet.routing import capsnet_routers
 from capsnet.squashing import squash
 from tests.attack_models import TINY_CAPSNET, fake_digits, trained
@@ -54,7 +54,7 @@ def fooled_share(model, x_adv, y) -> float:
 def test_margin_loss_is_flat_on_confident_outputs_and_cw_is_not():
     lengths = torch.tensor([[0.95, 0.05, 0.02]], requires_grad=True)
     labels = torch.tensor([0])
-    output = CapsuleOutput(lengths, torch.zeros(1, 3, 2), None)
+    output = ModelOutput(lengths, torch.zeros(1, 3, 2))
     for name, flat in (("margin", True), ("cw", False), ("ce", False)):
         grad, = torch.autograd.grad(attack_loss(name)(output, labels).sum(), lengths)
         assert (grad.abs().sum() == 0) == flat, name
@@ -66,7 +66,7 @@ def test_margin_loss_is_flat_on_confident_outputs_and_cw_is_not():
 
 
 def test_unknown_loss_and_attack_name_the_choices(capsnet, data):
-    with pytest.raises(ValueError, match="choose from cw, margin, ce"):
+    with pytest.raises(ValueError, match="choose from worst, cw, margin, ce, logodds-ce"):
         attack_loss("hinge")
     with pytest.raises(ValueError, match="choose from fgsm"):
         run_attack("deepfool", capsnet, *data, 0.1)
@@ -167,7 +167,8 @@ def test_cw_moves_saturated_pixels_and_is_no_weaker_than_pgd_l2(capsnet, data):
     x, y = data
     x = (x > SATURATION_THRESHOLD).float()  # (N, 1, 28, 28) every pixel 0 or 1
     x_adv = cw_l2(Objective(capsnet, y, attack_loss("cw")), x)  # the default budget
-    pgd_l2, _ = run_attack("pgd-l2", capsnet, x, y, SATURATED_RADIUS, AttackSettings(steps=40))
+    pgd_l2, _ = run_attack("pgd-l2", capsnet, x, y, SATURATED_RADIUS,
+                           AttackSettings(steps=40, loss="cw"))  # the same loss as C&W
     pgd_fooled = predict(capsnet, pgd_l2) != y
     cw_fooled = (predict(capsnet, x_adv) != y) & \
         ((x_adv - x).flatten(1).norm(dim=1) <= SATURATED_RADIUS)
@@ -207,8 +208,8 @@ def test_votes_are_the_capsule_layers_own_predictions(capsnet, data):
     surrogate = vote_output(capsnet, x)
     J = expected.shape[1]
     s = expected.sum(dim=2) / J  # uniform couplings 1/J: the first routing iteration's s
-    assert torch.allclose(surrogate.lengths, squash(s).norm(dim=-1), atol=1e-5)
-    assert torch.equal(surrogate.lengths.argmax(-1),
+    assert torch.allclose(surrogate.scores, squash(s).norm(dim=-1), atol=1e-5)
+    assert torch.equal(surrogate.scores.argmax(-1),
                        squash(expected.mean(dim=2)).norm(dim=-1).argmax(-1))
     assert torch.equal(surrogate.reconstructions, output.reconstructions)
 
@@ -231,7 +232,7 @@ def test_reconstructive_attack_keeps_the_reconstruction_error_lower(capsnet, dat
     x, y = data
     plain, _ = run_attack("pgd", capsnet, x, y, 0.3, AttackSettings(steps=10))
     careful, _ = run_attack("reconstructive", capsnet, x, y, 0.3,
-                            AttackSettings(steps=10, reconstruction_weight=1.0))
+                            AttackSettings(steps=10, reconstruction_weights=(1.0,)))
     error = {name: image_scores(capsnet, images)[0]["reconstruction"].mean()
              for name, images in (("plain", plain), ("careful", careful))}
     assert error["careful"] < error["plain"]
@@ -345,8 +346,6 @@ def test_sanity_checks_catch_a_masked_gradient(data):
 # ---- CNN baselines with a decoder (Qin et al. 2020) -----------------------------------------
 
 def test_cnn_decoders_leave_the_plain_cnn_unchanged_and_reconstruct(data):
-    from capsnet.models import CNNOutput
-
     x, y = data
     plain = build_model(make_config("cnn", "tiny"))
     torch.manual_seed(0)
@@ -356,7 +355,7 @@ def test_cnn_decoders_leave_the_plain_cnn_unchanged_and_reconstruct(data):
     with_r.load_state_dict({**with_r.state_dict(), **plain.state_dict()})
     plain.eval(), with_r.eval()
     out = with_r(x)
-    assert isinstance(out, CNNOutput) and torch.equal(out.logits, plain(x))
+    assert torch.equal(out.logits, plain(x).logits)
     assert out.reconstructions.shape == x.shape
     cr = build_model(make_config("cnn", "tiny", decoder="class-conditional")).eval()
     assert not torch.allclose(cr(x, y).reconstructions, cr(x, (y + 1) % 10).reconstructions)
@@ -385,11 +384,11 @@ def test_routing_gradient_last_keeps_the_training_graph_and_the_outputs(data):
     model = build_model(make_config("capsnet", **TINY_CAPSNET))
     full = prepare_for_attack(model)
     with torch.no_grad():
-        full_out = full(x).lengths
+        full_out = full(x).scores
     last = prepare_for_attack(model, full_routing_gradient=False)
     assert not any(m.full_graph for m in last.modules() if hasattr(m, "full_graph"))
     with torch.no_grad():
-        assert torch.equal(last(x).lengths, full_out)
+        assert torch.equal(last(x).scores, full_out)
 
 
 @pytest.mark.parametrize("model_name", ["capsnet", "cnn", "efficient", "em"])

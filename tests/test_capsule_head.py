@@ -30,12 +30,11 @@ def images(batch: int = 4, channels: int = 3, side: int = SIDE) -> torch.Tensor:
 def assert_trains_a_step(model: nn.Module, x: torch.Tensor, classes: int) -> None:
     """Forward, backward: the right shapes, no NaN, every parameter gets a gradient."""
     labels = torch.arange(len(x)) % classes
-    out = model(x, labels) if hasattr(model, "head") else model(x)
+    out = model(x, labels)
     loss = model_loss(out, x, labels)
     loss.backward()
     assert torch.isfinite(loss)
-    scores = out.lengths if hasattr(out, "lengths") else out
-    assert scores.shape == (len(x), classes)
+    assert out.scores.shape == (len(x), classes)
     missing = [n for n, p in model.named_parameters() if p.grad is None]
     assert not missing, missing
 

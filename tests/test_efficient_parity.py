@@ -16,7 +16,7 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from capsnet.losses import capsule_loss
-from capsnet.models import CapsuleOutput, EfficientCapsNet, make_config
+from capsnet.models import EfficientCapsNet, ModelOutput, make_config
 from capsnet.models.efficient_capsnet import BN_EPS
 
 EPS = 10e-21  # utils/layers.py:72, Squash.__init__(self, eps=10e-21)
@@ -200,10 +200,10 @@ def test_layer_by_layer_parity_with_the_public_code(dtype, tolerance):
     theirs_v_all, theirs_len = tf_efficient_capsnet(to_nhwc(x), p)
     np.testing.assert_allclose(out.poses.numpy(), theirs_v_all, atol=tolerance, rtol=0)
     # Their Length adds Keras' epsilon 1e-7 under the root; capsnet's lengths are |v|.
-    np.testing.assert_allclose(out.lengths.numpy() ** 2 + KERAS_EPSILON, theirs_len ** 2,
+    np.testing.assert_allclose(out.scores.numpy() ** 2 + KERAS_EPSILON, theirs_len ** 2,
                                atol=tolerance, rtol=0)
-    bound = KERAS_EPSILON / (2 * out.lengths.numpy().min())  # d sqrt(l^2 + e) ~ e / 2l
-    assert np.abs(out.lengths.numpy() - theirs_len).max() < bound + tolerance
+    bound = KERAS_EPSILON / (2 * out.scores.numpy().min())  # d sqrt(l^2 + e) ~ e / 2l
+    assert np.abs(out.scores.numpy() - theirs_len).max() < bound + tolerance
 
 
 def test_whole_model_parity_with_reconstructions_and_loss():
@@ -214,7 +214,7 @@ def test_whole_model_parity_with_reconstructions_and_loss():
     x, y = images(4).double(), torch.tensor([3, 1, 4, 1])
     p = keras_weights(model)
     with torch.no_grad():
-        out: CapsuleOutput = model(x, y)
+        out: ModelOutput = model(x, y)
         loss = capsule_loss(out, x, y, reconstruction_weight=0.0005)
     onehot = np.eye(10)[y.numpy()]
     digit_caps, lengths = tf_efficient_capsnet(to_nhwc(x), p)
@@ -245,5 +245,5 @@ def report_max_differences() -> dict[str, float]:
         digit_caps, lengths = tf_efficient_capsnet(to_nhwc(x), keras_weights(model))
         name = str(dtype).removeprefix("torch.")
         result[f"poses {name}"] = float(np.abs(out.poses.numpy() - digit_caps).max())
-        result[f"lengths {name}"] = float(np.abs(out.lengths.numpy() - lengths).max())
+        result[f"lengths {name}"] = float(np.abs(out.scores.numpy() - lengths).max())
     return result

@@ -30,6 +30,7 @@ from capsnet.data.augment_efficient import (
     squeeze,
 )
 from capsnet.data.image_dataset import to_model_input
+from capsnet.models import ModelOutput
 from capsnet.training import TrainSettings
 from capsnet.training.loop import StepOptions, train_one_epoch
 from capsnet.training.metrics_log import read_metrics
@@ -390,9 +391,9 @@ class Recorder(nn.Module):
         self.fc = nn.Linear(28 * 28, 10)
         self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> ModelOutput:
         self.seen.append((x.detach().clone(), y.clone()))
-        return self.fc(x.flatten(1))
+        return ModelOutput.from_logits(self.fc(x.flatten(1)))
 
 
 def test_the_training_loop_pairs_each_augmented_image_with_its_own_label():

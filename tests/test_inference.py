@@ -66,8 +66,8 @@ def test_predict_fields_agree_with_the_model(model):
     with torch.no_grad():
         out = model(x)
     for i, r in enumerate(results):
-        np.testing.assert_allclose(r.lengths, out.lengths[i].numpy(), rtol=1e-5, atol=1e-6)
-        assert r.digit == int(out.lengths[i].argmax())
+        np.testing.assert_allclose(r.lengths, out.scores[i].numpy(), rtol=1e-5, atol=1e-6)
+        assert r.digit == int(out.scores[i].argmax())
         assert r.length == pytest.approx(max(r.lengths))
         assert [d for d, _ in r.top] == np.argsort(r.lengths)[::-1][:3].tolist()
         assert r.alternatives == r.top[1:] and len(r.alternatives) == 2
@@ -111,7 +111,7 @@ def test_decode_pose_matches_the_models_own_reconstruction(model):
     x = to_model_input(torch.from_numpy(prepare_image(sketch(2)))[None])  # (1, 1, 28, 28)
     with torch.no_grad():
         out = model(x)
-    digit = int(out.lengths.argmax())
+    digit = int(out.scores.argmax())
     torch.testing.assert_close(decode_pose(model, out.poses[:, digit], digit),
                                out.reconstructions)
 
@@ -120,7 +120,7 @@ def test_perturbation_grid_equals_one_perturbation_at_a_time(model):
     x = to_model_input(torch.from_numpy(prepare_image(sketch(0)))[None])
     with torch.no_grad():
         out = model(x)
-    digit = int(out.lengths.argmax())
+    digit = int(out.scores.argmax())
     deltas = perturbation_deltas()
     assert deltas.shape == (11,)
     torch.testing.assert_close(deltas[[0, 5, -1]], torch.tensor([-0.25, 0.0, 0.25]))
@@ -272,7 +272,7 @@ def test_tensors_are_model_input_as_they_are(model):
     results = predict(x, model=model)  # (B, C, H, W): a list
     assert len(results) == 2
     for i, result in enumerate(results):
-        np.testing.assert_allclose(result.lengths, out.lengths[i].numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(result.lengths, out.scores[i].numpy(), rtol=1e-5, atol=1e-6)
     one = predict(x[1], model=model)  # (C, H, W): one Prediction
     assert isinstance(one, Prediction)
     assert one.lengths == pytest.approx(results[1].lengths, abs=1e-6)

@@ -18,8 +18,8 @@ def test_weights_round_trip_matches_checkpoint(small_checkpoint, tmp_path):
     with torch.no_grad():
         a, b = original(x), reloaded(x)
     # float16 storage: about 3 significant digits
-    torch.testing.assert_close(b.lengths, a.lengths, atol=2e-3, rtol=1e-2)
-    assert torch.equal(b.lengths.argmax(-1), a.lengths.argmax(-1))
+    torch.testing.assert_close(b.scores, a.scores, atol=2e-3, rtol=1e-2)
+    assert torch.equal(b.scores.argmax(-1), a.scores.argmax(-1))
     info = weights_info(out)
     assert info["model"] == "capsnet" and info["info"] == {"note": "x"}
     assert info["config"]["conv1_channels"] == original.config.conv1_channels

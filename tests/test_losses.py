@@ -15,7 +15,7 @@ from capsnet.losses import (
     model_loss,
     reconstruction_loss,
 )
-from capsnet.models import CapsuleOutput
+from capsnet.models import ModelOutput
 
 # Two examples, three classes.
 LENGTHS = torch.tensor([[0.95, 0.30, 0.05],
@@ -97,14 +97,14 @@ def test_reconstruction_loss_shape_agnostic_and_float32():
 def test_capsule_loss_is_margin_plus_weighted_reconstruction():
     images = torch.rand(2, 1, 28, 28)
     recon = torch.rand(2, 1, 28, 28)
-    output = CapsuleOutput(LENGTHS, torch.zeros(2, 3, 16), recon)
+    output = ModelOutput(LENGTHS, torch.zeros(2, 3, 16), recon)
     expected = margin_loss(LENGTHS, LABELS) + 0.0005 * reconstruction_loss(recon, images)
     torch.testing.assert_close(capsule_loss(output, images, LABELS), expected)
     torch.testing.assert_close(model_loss(output, images, LABELS), expected)
     # Weight 0, or no decoder: the margin loss alone.
     torch.testing.assert_close(capsule_loss(output, images, LABELS, reconstruction_weight=0.0),
                                margin_loss(LENGTHS, LABELS))
-    no_decoder = CapsuleOutput(LENGTHS, torch.zeros(2, 3, 16), None)
+    no_decoder = ModelOutput(LENGTHS, torch.zeros(2, 3, 16))
     torch.testing.assert_close(capsule_loss(no_decoder, images, LABELS),
                                margin_loss(LENGTHS, LABELS))
 
@@ -112,5 +112,11 @@ def test_capsule_loss_is_margin_plus_weighted_reconstruction():
 def test_model_loss_of_logits_is_cross_entropy():
     logits = torch.randn(4, 10)
     labels = torch.tensor([0, 3, 9, 3])
-    torch.testing.assert_close(model_loss(logits, torch.rand(4, 1, 28, 28), labels),
+    output = ModelOutput(torch.softmax(logits, -1), logits=logits, loss="cross_entropy")
+    torch.testing.assert_close(model_loss(output, torch.rand(4, 1, 28, 28), labels),
                                F.cross_entropy(logits, labels))
+
+
+def test_model_loss_names_the_valid_losses():
+    with pytest.raises(ValueError, match="choose from margin, spread, cross_entropy"):
+        model_loss(ModelOutput(LENGTHS, loss="hinge"), torch.rand(2, 1, 28, 28), LABELS)

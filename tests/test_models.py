@@ -13,9 +13,9 @@ from capsnet.losses import model_loss
 from capsnet.models import (
     CapsNet,
     CapsNetConfig,
-    CapsuleOutput,
     CNNBaseline,
     CNNConfig,
+    ModelOutput,
     build_model,
     class_scores,
     config_from_dict,
@@ -129,35 +129,35 @@ def test_shapes_through_every_layer_of_the_paper_capsnet(paper_capsnet, B):
         recon = model.decoder(v, torch.zeros(B, dtype=torch.long))
         assert recon.shape == (B, 1, 28, 28)
         out = model(x)
-    assert isinstance(out, CapsuleOutput)
-    assert out.lengths.shape == (B, 10) and out.poses.shape == (B, 10, 16)
+    assert isinstance(out, ModelOutput) and out.loss == "margin"
+    assert out.scores.shape == (B, 10) and out.poses.shape == (B, 10, 16)
     assert out.reconstructions.shape == (B, 1, 28, 28)
     torch.testing.assert_close(out.poses, v)
-    torch.testing.assert_close(out.lengths, v.norm(dim=-1))
-    assert ((out.lengths >= 0) & (out.lengths < 1)).all()
+    torch.testing.assert_close(out.scores, v.norm(dim=-1))
+    assert ((out.scores >= 0) & (out.scores < 1)).all()
 
 
 @pytest.mark.parametrize("B", [1, 3])
 def test_small_models_at_other_sizes(B):
     capsnet = small_model("capsnet", image_size=36, num_classes=4)
     out = capsnet(torch.rand(B, 1, 36, 36), torch.zeros(B, dtype=torch.long))
-    assert out.lengths.shape == (B, 4) and out.reconstructions.shape == (B, 1, 36, 36)
+    assert out.scores.shape == (B, 4) and out.reconstructions.shape == (B, 1, 36, 36)
     cnn = small_model("cnn", image_size=36, num_classes=4)
-    assert cnn(torch.rand(B, 1, 36, 36)).shape == (B, 4)
+    out = cnn(torch.rand(B, 1, 36, 36))
+    assert out.logits.shape == (B, 4) and out.loss == "cross_entropy"
+    torch.testing.assert_close(out.scores, torch.softmax(out.logits, dim=-1))
 
 
 def test_capsnet_without_decoder():
     model = small_model("capsnet", use_decoder=False)
     assert model.decoder is None
     out = model(torch.rand(2, 1, 28, 28))
-    assert out.reconstructions is None and out.lengths.shape == (2, 10)
+    assert out.reconstructions is None and out.scores.shape == (2, 10)
 
 
 def test_class_scores():
     lengths = torch.rand(2, 10)
-    assert class_scores(CapsuleOutput(lengths, torch.zeros(2, 10, 16), None)) is lengths
-    logits = torch.randn(2, 10)
-    torch.testing.assert_close(class_scores(logits), torch.softmax(logits, -1))
+    assert class_scores(ModelOutput(lengths, torch.zeros(2, 10, 16))) is lengths
 
 
 def test_build_model_and_names():
@@ -240,8 +240,8 @@ def test_random_huge_inputs_in_the_paper_capsnet(paper_capsnet):
     x = torch.randn(1, 1, 28, 28) * 1e6
     with torch.no_grad():
         out = paper_capsnet(x)
-    assert torch.isfinite(out.lengths).all() and torch.isfinite(out.reconstructions).all()
-    assert (out.lengths <= 1).all()
+    assert torch.isfinite(out.scores).all() and torch.isfinite(out.reconstructions).all()
+    assert (out.scores <= 1).all()
 
 
 # --- decoder masking in the model ---------------------------------------------------------
@@ -252,7 +252,7 @@ def test_reconstruction_uses_the_label_when_given_else_the_longest_capsule():
     with torch.no_grad():
         model.digit_caps.W.mul_(30)  # lengths ~0.5 instead of ~1e-4 at initialisation
         free = model(x)
-        predicted = free.lengths.argmax(-1)  # (3,)
+        predicted = free.scores.argmax(-1)  # (3,)
         other = (predicted + 1) % 10
         guided = model(x, other)
         torch.testing.assert_close(free.reconstructions, model.decoder(free.poses, predicted))
@@ -277,3 +277,14 @@ def test_run_settings_check_the_options_they_name_not_the_sizes_the_data_decides
         TrainSettings(model="cnn", conv1_stride=3)
     with pytest.raises(ConfigError, match="self-attention routing takes no routing_iterations"):
         TrainSettings(routing="self-attention", routing_iterations=2)
+
+
+def test_the_old_output_names_still_work_for_one_release_and_say_so():
+    out = small_model("em")(torch.rand(2, 1, 28, 28))
+    with pytest.warns(DeprecationWarning, match="use .scores"):
+        assert out.activations is out.scores
+    with pytest.warns(DeprecationWarning, match="use .scores"):
+        assert out.lengths is out.scores
+    with pytest.warns(DeprecationWarning, match="every model returns ModelOutput"):
+        from capsnet.models import CapsuleOutput
+    assert CapsuleOutput is ModelOutput

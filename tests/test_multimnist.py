@@ -111,7 +111,7 @@ def test_pair_loss_is_two_hot_margin_plus_both_reconstructions():
     loss, out = pair_loss(model, x, pairs.labels, targets, reconstruction_weight=0.0005)
     first = model.decoder(out.poses, pairs.labels[:, 0])  # (8, 1, 36, 36)
     second = model.decoder(out.poses, pairs.labels[:, 1])
-    expected = (margin_loss(out.lengths, two_hot(pairs.labels, 10))
+    expected = (margin_loss(out.scores, two_hot(pairs.labels, 10))
                 + 0.0005 * (reconstruction_loss(first, targets[:, 0])
                             + reconstruction_loss(second, targets[:, 1])))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)

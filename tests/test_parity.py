@@ -37,7 +37,7 @@ def test_capsnet_matches_naive_reference_outputs_and_gradients():
     out = model(x, y)
     capsule_loss(out, x, y).backward()
 
-    torch.testing.assert_close(out.lengths, lengths)
+    torch.testing.assert_close(out.scores, lengths)
     torch.testing.assert_close(out.reconstructions, recon)
     torch.testing.assert_close(model.digit_caps.W.grad, naive.digit_capsules.W.grad[0])
     torch.testing.assert_close(model.conv1.weight.grad, naive.conv_layer.weight.grad)
@@ -70,7 +70,7 @@ def test_compiled_model_matches_eager_outputs_and_gradients():
     out_e = eager(x, y)
     capsule_loss(out_e, x, y).backward()
     capsule_loss(out_c, x, y).backward()
-    torch.testing.assert_close(out_c.lengths, out_e.lengths, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out_c.scores, out_e.scores, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out_c.reconstructions, out_e.reconstructions, rtol=1e-4, atol=1e-5)
     for (name, p_e), p_c in zip(eager.named_parameters(), compiled_model.parameters(),
                                 strict=False):

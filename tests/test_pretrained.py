@@ -47,7 +47,21 @@ def test_the_shipped_capsnet_loads_in_eval_mode_as_load_model_gives_it():
     model = load_pretrained("capsnet")
     assert not model.training
     x = torch.rand(2, 1, 28, 28)
-    torch.testing.assert_close(model(x).lengths, load_model()(x).lengths, rtol=0, atol=0)
+    torch.testing.assert_close(model(x).scores, load_model()(x).scores, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", pretrained_names())
+def test_the_readmes_python_lines_work_for_every_pretrained_name(name):
+    import capsnet
+
+    model = capsnet.create_model(name, pretrained=True)
+    cfg = model.config
+    images = torch.rand(2, cfg.in_channels, cfg.image_size, cfg.image_size)
+    out = model(images)
+    assert out.scores.shape == (2, cfg.num_classes)
+    assert torch.equal(capsnet.class_scores(out), out.scores)
+    assert out.reconstructions is None or out.reconstructions.shape == images.shape
+    assert len(capsnet.predict(images, model=model)) == 2
 
 
 def test_an_unknown_name_lists_the_choices():

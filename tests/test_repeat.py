@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from capsnet.cli.main import main
+from capsnet.models import ModelOutput
 from capsnet.training.fit import save_test_scores
 from capsnet.training.repeat import (
     ensemble_from_runs,
@@ -38,7 +39,7 @@ class _Fixed(torch.nn.Module):
         self.logits = torch.tensor(logits)
 
     def forward(self, x, labels=None):
-        return self.logits.expand(len(x), -1)
+        return ModelOutput.from_logits(self.logits.expand(len(x), -1))
 
 
 def test_ensemble_averages_scores():

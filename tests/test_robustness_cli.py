@@ -148,4 +148,4 @@ def test_saved_40px_capsnet_has_the_derived_capsule_count(tmp_path):
     save_checkpoint(tmp_path / "m.pt", model)
     loaded = model_from_checkpoint(tmp_path / "m.pt")
     assert loaded.config.num_primary_caps == 8 * 12 * 12  # conv1 40 -> 32, (32 - 9) // 2 + 1 = 12
-    assert loaded(torch.rand(2, 1, 40, 40)).lengths.shape == (2, 10)
+    assert loaded(torch.rand(2, 1, 40, 40)).scores.shape == (2, 10)

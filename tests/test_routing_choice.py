@@ -26,7 +26,7 @@ from capsnet.losses import capsule_loss
 from capsnet.models import (
     CapsNet,
     CapsNetConfig,
-    CapsuleOutput,
+    ModelOutput,
     build_model,
     config_from_dict,
     count_parameters,
@@ -54,7 +54,7 @@ def reference_forward(model: CapsNet, x: torch.Tensor, labels: torch.Tensor | No
     u_hat = model.digit_caps.predictions(full_precision(u))  # (B, J, I, 16)
     routed = reference_routing(model.digit_caps.router, u_hat)
     keep = labels if labels is not None else routed.activations.argmax(dim=-1)  # (B,)
-    return CapsuleOutput(routed.activations, routed.poses, model.decoder(routed.poses, keep))
+    return ModelOutput(routed.activations, routed.poses, model.decoder(routed.poses, keep))
 
 
 def routed_model(seed: int = 0, **overrides) -> CapsNet:
@@ -82,7 +82,8 @@ def test_capsnet_with_each_router_equals_the_routers_loop_reference(overrides):
     model = routed_model(**overrides)
     x, y = torch.rand(2, 1, 12, 12, dtype=torch.float64), torch.tensor([1, 7])
     got, want = model(x, y), reference_forward(model, x, y)
-    for name, a, b in zip(CapsuleOutput._fields, got, want, strict=True):
+    for name in ("scores", "poses", "reconstructions"):
+        a, b = getattr(got, name), getattr(want, name)
         torch.testing.assert_close(a, b, msg=name)
     capsule_loss(got, x, y).backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -125,9 +126,10 @@ def test_the_shipped_weights_route_as_procedure_1(mnist_dir):
     x = test.images[:2].float().div(255).unsqueeze(1)
     with torch.no_grad():
         got, want = model(x), reference_forward(model, x)
-    for name, a, b in zip(CapsuleOutput._fields, got, want, strict=True):
+    for name in ("scores", "poses", "reconstructions"):
+        a, b = getattr(got, name), getattr(want, name)
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
-    assert torch.equal(got.lengths.argmax(-1), test.labels[:2].long())
+    assert torch.equal(got.scores.argmax(-1), test.labels[:2].long())
 
 
 # ---- the config and checkpoints ------------------------------------------------------------
@@ -156,7 +158,7 @@ def test_checkpoints_and_weights_rebuild_the_router(tmp_path):
     assert isinstance(loaded.digit_caps.router, InvertedAttentionRouter)
     x = torch.rand(2, 1, 28, 28)
     with torch.no_grad():
-        assert torch.equal(loaded(x).lengths, model(x).lengths)
+        assert torch.equal(loaded(x).scores, model(x).scores)
     weights = load_model(export_weights(path, tmp_path / "idpa.safetensors"))
     assert weights.config.routing == "inverted-attention"
 
@@ -174,7 +176,7 @@ def test_inverted_attention_capsnet_trains_every_parameter_and_scores_in_0_1():
     model = small_idpa()
     x, y = torch.rand(3, 1, 28, 28), torch.tensor([0, 4, 9])
     out = model(x, y)
-    assert ((out.lengths >= 0) & (out.lengths < 1)).all()
+    assert ((out.scores >= 0) & (out.scores < 1)).all()
     capsule_loss(out, x, y).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
@@ -193,7 +195,7 @@ def test_the_trace_shows_the_inverted_attention_couplings():
     with torch.no_grad():
         out = model(images.unsqueeze(1).float() / 255)
     assert trace.routing == "inverted-attention"
-    assert torch.equal(trace.v, out.poses) and torch.equal(trace.scores, out.lengths)
+    assert torch.equal(trace.v, out.poses) and torch.equal(trace.scores, out.scores)
     R, J = model.config.routing_iterations, model.config.num_classes
     assert trace.couplings.shape[:3] == (2, R, J)
     assert torch.equal(trace.couplings[:, 0], torch.full_like(trace.couplings[:, 0], 1 / J))

@@ -15,7 +15,7 @@ from capsnet.config import DataConfig
 from capsnet.export import export_model, read_description
 from capsnet.inference import predict_prepared
 from capsnet.layers import DigitCaps, squash
-from capsnet.models import MODELS, CapsuleOutput, make_config
+from capsnet.models import MODELS, ModelOutput, make_config
 from capsnet.models.base import TYPE_MAJOR, Children, ClassRouting, ModelEntry
 from capsnet.routing import DynamicRouter
 from capsnet.routing_trace import routing_trace
@@ -34,7 +34,7 @@ class ToyConfig(DataConfig):
 
 class ToyCapsNet(nn.Module):
     """Pixels -> one linear map to primary capsules -> DigitCaps with dynamic routing.
-    Input (B, C, H, W); output CapsuleOutput, lengths (B, J), no reconstructions."""
+    Input (B, C, H, W); output ModelOutput, scores (B, J), no reconstructions."""
 
     def __init__(self, config: ToyConfig):
         super().__init__()
@@ -49,10 +49,10 @@ class ToyCapsNet(nn.Module):
         votes, routed = self.class_caps.route(u)  # (B, J, I, D), Routed
         return ClassRouting(u, votes, None, routed, self.class_caps.router)
 
-    def forward_head(self, routing: ClassRouting, labels=None) -> CapsuleOutput:
-        return CapsuleOutput(routing.routed.activations, routing.routed.poses, None)
+    def forward_head(self, routing: ClassRouting, labels=None) -> ModelOutput:
+        return ModelOutput(routing.routed.activations, routing.routed.poses)
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> ModelOutput:
         return self.forward_head(self.forward_routing(x), labels)
 
 
@@ -93,9 +93,9 @@ def test_a_toy_model_added_through_the_registry_trains_saves_loads_predicts_trac
     trace = routing_trace(model, torch.from_numpy(images[:4]))
     assert trace.couplings.shape == (4, 3, 10, 12) and trace.grid == 1
     torch.testing.assert_close(trace.scores, model(torch.from_numpy(images[:4]).float()
-                                                    .unsqueeze(1) / 255).lengths)
+                                                    .unsqueeze(1) / 255).scores)
 
-    path = export_model(model, tmp_path / "toy.ts.pt", "torchscript")
+    path = export_model(model, tmp_path / "toy.pt2", "pt2")
     described = read_description(path)
     assert described["model"] == "toy" and described["outputs"] == ["lengths"]
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from capsnet.checkpoint import load_checkpoint
 from capsnet.data.datasets import load_dataset
-from capsnet.models import build_model, make_config, unwrap
+from capsnet.models import ModelOutput, build_model, make_config, unwrap
 from capsnet.training.loop import (
     NonFiniteLossError,
     StepOptions,
@@ -28,16 +28,17 @@ runner = importlib.import_module("capsnet.training.runner")
 
 class PixelOracle(nn.Module):
     """A fake classifier: predicts the class written in pixel (0, 0) of each image.
-    Input (B, 1, H, W) in [0, 1]; output logits (B, J)."""
+    Input (B, 1, H, W) in [0, 1]; output from logits (B, J)."""
 
     def __init__(self, num_classes: int = 10):
         super().__init__()
         self.num_classes = num_classes
         self.dummy = nn.Parameter(torch.zeros(()))
 
-    def forward(self, x: torch.Tensor, labels=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, labels=None) -> ModelOutput:
         predicted = (x[:, 0, 0, 0] * 255).round().long()  # (B,)
-        return 10.0 * nn.functional.one_hot(predicted, self.num_classes).float() + self.dummy
+        logits = 10.0 * nn.functional.one_hot(predicted, self.num_classes).float() + self.dummy
+        return ModelOutput.from_logits(logits)
 
 
 def images_predicting(predictions: list[int], size: int = 6) -> torch.Tensor:

@@ -107,7 +107,7 @@ def test_bf16_plan_keeps_routing_squash_and_outputs_in_float32():
     out = model(x, torch.tensor([0, 1, 2]))
     assert conv_out["dtype"] == torch.bfloat16  # the convolution ran in bf16
     assert u["u"] == torch.float32 and seen["v"] == torch.float32  # squash and routing did not
-    assert out.lengths.dtype == out.poses.dtype == out.reconstructions.dtype == torch.float32
+    assert out.scores.dtype == out.poses.dtype == out.reconstructions.dtype == torch.float32
 
 
 def test_inference_plan_is_batch_invariant():
@@ -123,7 +123,7 @@ def test_inference_plan_is_batch_invariant():
     for i in range(INFERENCE_BATCH):  # a stroke per image, at varied places
         images[i, 0, 6 + i % 12: 12 + i % 12, 8:20] = torch.rand(6, 12)
     with torch.no_grad():
-        batch = model(images).lengths  # (64, 10)
-        alone = torch.cat([model(images[i:i + 1]).lengths for i in range(0, INFERENCE_BATCH, 9)])
+        batch = model(images).scores  # (64, 10)
+        alone = torch.cat([model(images[i:i + 1]).scores for i in range(0, INFERENCE_BATCH, 9)])
     torch.testing.assert_close(alone, batch[::9], rtol=0, atol=1e-3)
     assert torch.equal(alone.argmax(-1), batch[::9].argmax(-1))

@@ -12,10 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from capsnet.models import CapsuleOutput, MatrixCapsuleOutput, class_scores
+from capsnet.models import ModelOutput, class_scores
 from capsnet.squashing import squash
 
-RECONSTRUCTIVE_WEIGHT = 0.05  # per unit of summed squared pixel error (lengths are in [0, 1])
+# The reconstructive attacks' weights per unit of summed squared pixel error, a grid from
+# the plain attack (0) to one that mostly lowers the error; each image keeps its best.
+RECONSTRUCTIVE_WEIGHTS = (0.0, 0.01, 0.05, 0.25, 1.0)
 
 
 def primary_votes(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, object]:
@@ -24,13 +26,13 @@ def primary_votes(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, obje
     capsules), then its ``forward_head``."""
     routing = model.forward_routing(x)
     output = model.forward_head(routing)
-    if isinstance(output, MatrixCapsuleOutput):
+    if routing.activations is not None:  # EM's children have activations besides poses
         raise ValueError("the vote attack needs vector capsules; EM's matrix capsules have "
                          "activations, not lengths")
     return routing.votes, output  # (B, J, I, D) float32
 
 
-def vote_output(model: nn.Module, x: torch.Tensor) -> CapsuleOutput:
+def vote_output(model: nn.Module, x: torch.Tensor) -> ModelOutput:
     """The vote attack's surrogate output: v_j = squash(sum_i u_hat_j|i / J) (B, J, D), its
     lengths (B, J), and the real model's reconstructions (what a detector reads).
 
@@ -41,7 +43,7 @@ def vote_output(model: nn.Module, x: torch.Tensor) -> CapsuleOutput:
     u_hat, output = primary_votes(model, x)  # (B, J, I, D)
     J = u_hat.shape[1]
     v = squash(u_hat.sum(dim=2) / J)  # (B, J, D)
-    return CapsuleOutput(v.norm(dim=-1), v, output.reconstructions)
+    return ModelOutput(v.norm(dim=-1), v, output.reconstructions)
 
 
 class VoteSurrogate:
@@ -54,7 +56,7 @@ class VoteSurrogate:
                              f"capsules")
         self.model = model
 
-    def __call__(self, x: torch.Tensor) -> CapsuleOutput:
+    def __call__(self, x: torch.Tensor) -> ModelOutput:
         return vote_output(self.model, x)
 
 

@@ -6,7 +6,7 @@ import argparse
 
 from capsnet.checkpoint import weights_info
 from capsnet.cli import args as cli_args
-from capsnet.export import FORMATS, export_checkpoint, read_description
+from capsnet.export import DEPRECATED_FORMATS, FORMATS, export_checkpoint, read_description
 
 DEFAULT_PORT = 8000
 
@@ -44,21 +44,22 @@ def run_serve(args: argparse.Namespace, argv: list[str]) -> int:
 
 def add_export(subparsers) -> None:
     p = subparsers.add_parser(
-        "export", help="write an ONNX or TorchScript inference model",
+        "export", help="write an ONNX or torch.export inference model",
         description="Export a trained model for inference outside this package. The file "
         "takes float images (B, C, H, W) in [0, 1] at the model's channels and size ((B, 1, "
-        "28, 28) for MNIST), any batch size, and returns the capsule lengths (B, J) and the "
+        "28, 28) for MNIST), any batch size, and returns the class scores (B, J) and the "
         "reconstructions (B, C, H, W) of the predicted class; its metadata hold the input "
         "shape and the class names.")
     p.add_argument("checkpoint", help="a .pt checkpoint written by `capsnet train`, or a "
                                       ".safetensors weights file")
     p.add_argument("--format", dest="fmt", default="onnx", choices=(*FORMATS, "safetensors"),
-                   help="onnx (for onnxruntime and others), torchscript (torch.jit.load), or "
-                        "safetensors (compact float16 weights that `--checkpoint` and "
-                        "capsnet.checkpoint.load_model read)")
+                   help="onnx (for onnxruntime and others; the dynamo-based exporter), pt2 (a "
+                        "torch.export program: torch.export.load), torchscript (deprecated: "
+                        "writes pt2), or safetensors (compact float16 weights that "
+                        "`--checkpoint` and capsnet.checkpoint.load_model read)")
     p.add_argument("-o", "--output", default=None,
                    help="file to write (default: beside the checkpoint, e.g. best.onnx or "
-                        "best.ts.pt)")
+                        "best.pt2)")
     p.set_defaults(func=run_export)
 
 
@@ -71,6 +72,7 @@ def run_export(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
     info = read_description(path)
     shape = ", ".join(str(n) for n in info["input_shape"])
-    print(f"wrote {path} ({args.fmt}): input {info['input']} ({shape}) in [0, 1] -> "
+    fmt = DEPRECATED_FORMATS.get(args.fmt, args.fmt)
+    print(f"wrote {path} ({fmt}): input {info['input']} ({shape}) in [0, 1] -> "
           f"{', '.join(info['outputs'])}; classes {', '.join(info['class_names'])}")
     return 0

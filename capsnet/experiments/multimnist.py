@@ -137,7 +137,7 @@ def pair_loss(model: nn.Module, x: torch.Tensor, labels: torch.Tensor, digits: t
     ``reconstruction_weight`` times each digit's reconstruction loss from its own capsule.
     x (B, 1, S, S), labels (B, 2), digits (B, 2, 1, S, S)."""
     out = model(x, labels[:, 0])  # lengths (B, J), poses (B, J, D), reconstruction of digit 1
-    loss = margin_loss(out.lengths.float(), two_hot(labels, out.lengths.shape[-1]))
+    loss = margin_loss(out.scores.float(), two_hot(labels, out.scores.shape[-1]))
     if out.reconstructions is not None and reconstruction_weight > 0:
         capsnet = unwrap(model)  # the decoder of the model inside a DDP wrapper
         with autocast_to(x.device, capsnet.compute_dtype):
@@ -175,7 +175,7 @@ def train_pairs_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images
         pairs = make_pairs(images, labels, idx, options.max_shift, generator, index)  # (B, S, S)
         x, digits = model_inputs(pairs)  # (B, 1, S, S), (B, 2, 1, S, S)
         loss, out = pair_loss(model, x, pairs.labels, digits, options.reconstruction_weight)
-        return loss, pairs_correct(out.lengths.detach(), pairs.labels).sum()
+        return loss, pairs_correct(out.scores.detach(), pairs.labels).sum()
 
     result = train_one_epoch(model, optimizer, images, labels, order, options,
                              batch_loss=batch_loss)
@@ -201,7 +201,7 @@ def reconstruct_pairs(model: nn.Module, pairs: DigitPairs) -> tuple[torch.Tensor
     model.eval()
     require_decoder(model)
     out = model(to_model_input(pairs.images))  # poses (K, J, D)
-    chosen = top_two(out.lengths)  # (K, 2)
+    chosen = top_two(out.scores)  # (K, 2)
     first = model.decoder(out.poses, chosen[:, 0])[:, 0]  # (K, S, S)
     second = model.decoder(out.poses, chosen[:, 1])[:, 0]  # (K, S, S)
     return first, second, chosen

@@ -4,6 +4,7 @@ the few functions that treat every model alike."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 from torch import nn
@@ -17,11 +18,11 @@ from capsnet.models import (
     em_capsnet,
     stem_cnn,
 )
-from capsnet.models.base import ClassRouting, ModelEntry
-from capsnet.models.capsnet import CapsNet, CapsNetConfig, CapsuleOutput
-from capsnet.models.cnn_baseline import CNNBaseline, CNNConfig, CNNOutput
+from capsnet.models.base import ClassRouting, ModelEntry, ModelOutput
+from capsnet.models.capsnet import CapsNet, CapsNetConfig
+from capsnet.models.cnn_baseline import CNNBaseline, CNNConfig
 from capsnet.models.efficient_capsnet import EfficientCapsNet, EfficientCapsNetConfig
-from capsnet.models.em_capsnet import EMCapsNet, EMCapsNetConfig, MatrixCapsuleOutput
+from capsnet.models.em_capsnet import EMCapsNet, EMCapsNetConfig
 
 MODELS: dict[str, ModelEntry] = {
     "capsnet": capsnet.ENTRY,
@@ -106,16 +107,22 @@ def build_model(config) -> nn.Module:
     return entry_of(config).model(config)
 
 
-def class_scores(output) -> torch.Tensor:
-    """Per-class scores (B, J) of any model's output: the class capsules' lengths (CapsNet,
-    Efficient-CapsNet), their activations (the EM model) or the softmax of the logits (CNN)."""
-    if isinstance(output, CapsuleOutput):
-        return output.lengths
-    if isinstance(output, MatrixCapsuleOutput):
-        return output.activations
-    if isinstance(output, CNNOutput):
-        output = output.logits
-    return torch.softmax(output.float(), dim=-1)
+def class_scores(output: ModelOutput) -> torch.Tensor:
+    """Per-class scores (B, J) of any model's output (``output.scores``): the class capsules'
+    lengths (CapsNet, Efficient-CapsNet), their activations (EM) or a CNN's probabilities."""
+    return output.scores
+
+
+# The output types before ModelOutput (0.2.0): deprecated aliases, for one release.
+DEPRECATED_OUTPUTS = ("CapsuleOutput", "CNNOutput", "MatrixCapsuleOutput")
+
+
+def __getattr__(name: str):
+    if name in DEPRECATED_OUTPUTS:
+        warnings.warn(f"capsnet.models.{name} is deprecated; every model returns ModelOutput",
+                      DeprecationWarning, stacklevel=2)
+        return ModelOutput
+    raise AttributeError(f"module 'capsnet.models' has no attribute {name!r}")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -129,8 +136,8 @@ def count_parameters(model: nn.Module) -> int:
 
 
 __all__ = ["CapsNet", "CapsNetConfig", "CNNConfig", "EfficientCapsNetConfig", "EMCapsNetConfig",
-           "CapsuleOutput", "ClassRouting", "CNNBaseline", "CNNOutput", "EfficientCapsNet",
-           "EMCapsNet", "MatrixCapsuleOutput", "MODELS", "ModelEntry", "PAPER", "PRESET_CROPS",
+           "ClassRouting", "CNNBaseline", "EfficientCapsNet", "EMCapsNet", "MODELS",
+           "ModelEntry", "ModelOutput", "PAPER", "PRESET_CROPS",
            "build_model", "check_options", "class_scores", "config_from_dict", "count_parameters",
            "entry_of", "has_option", "make_config", "model_entry", "model_name_of",
            "preset_names", "unwrap"]

@@ -9,6 +9,7 @@ small gradients to zero."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -41,6 +42,41 @@ def grad_scaler_for(device: torch.device | str, dtype: torch.dtype | None):
     return torch.amp.GradScaler(torch.device(device).type)
 
 
+class ModelOutput(NamedTuple):
+    """What every model returns: class scores, and what else the model has.
+
+    ``loss`` names the training loss (its registry entry's: "margin", "spread" or
+    "cross_entropy"), so ``capsnet.losses.model_loss`` needs only the output."""
+
+    scores: torch.Tensor  # (B, J) capsule lengths or activations, a CNN's softmax probabilities
+    poses: torch.Tensor | None = None  # (B, J, D) the class capsules' poses; None: no capsules
+    reconstructions: torch.Tensor | None = None  # (B, C, H, W); None: no decoder
+    logits: torch.Tensor | None = None  # (B, J) a CNN's scores before the softmax
+    loss: str = "margin"
+
+    @classmethod
+    def from_logits(cls, logits: torch.Tensor, reconstructions: torch.Tensor | None = None,
+                    loss: str = "cross_entropy") -> ModelOutput:
+        """A classifier's output from its logits (B, J): the scores are their softmax."""
+        return cls(torch.softmax(logits.float(), dim=-1), None, reconstructions, logits, loss)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Deprecated (one release): ``scores``."""
+        return _deprecated(self, "lengths")
+
+    @property
+    def activations(self) -> torch.Tensor:
+        """Deprecated (one release): ``scores``."""
+        return _deprecated(self, "activations")
+
+
+def _deprecated(output: ModelOutput, name: str) -> torch.Tensor:
+    warnings.warn(f"ModelOutput.{name} is deprecated; use .scores (every model has it)",
+                  DeprecationWarning, stacklevel=3)
+    return output.scores
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     """One model, as the registry, the CLI, training, tracing and export see it."""
@@ -63,8 +99,8 @@ class ModelEntry:
     # model, images (B, C, H, W) in [0, 1] -> what it did: a fresh model's data-dependent
     # initialisation before training (never on a resumed one)
     initialise: Callable[[nn.Module, torch.Tensor], str] | None = None
+    loss: str = "margin"  # its training loss (its ModelOutput's ``loss``, see capsnet.losses)
     scores: str = "lengths"  # what the class scores are called in exported files
-    onnx_opset: int | None = None  # None: capsnet.export's default
 
     def lr_for(self, preset: str) -> float:
         return self.preset_lr.get(preset, self.lr)

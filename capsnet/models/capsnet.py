@@ -3,14 +3,20 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from capsnet.config import ConfigError, NormalisedDataConfig, conv_output_size, stack_fields
 from capsnet.layers import Decoder, DigitCaps, GemmConv2d, InputNorm, PrimaryCaps, full_precision
-from capsnet.models.base import TYPE_MAJOR, Children, ClassRouting, ModelEntry, autocast_to
+from capsnet.models.base import (
+    TYPE_MAJOR,
+    Children,
+    ClassRouting,
+    ModelEntry,
+    ModelOutput,
+    autocast_to,
+)
 from capsnet.routing import capsnet_routers, router_class
 
 
@@ -81,14 +87,9 @@ class CapsNetConfig(NormalisedDataConfig):
         return self.primary_types * self.primary_grid**2
 
 
-class CapsuleOutput(NamedTuple):
-    lengths: torch.Tensor  # (B, J) the class scores: the router's activations (|v| for dynamic)
-    poses: torch.Tensor  # (B, J, D) DigitCaps output vectors v
-    reconstructions: torch.Tensor | None  # (B, C, H, W), None without a decoder
-
-
 class CapsNet(nn.Module):
-    """Input images (B, C, H, W) in [0, 1]; output :class:`CapsuleOutput`.
+    """Input images (B, C, H, W) in [0, 1]; a :class:`ModelOutput`: the class scores
+    (B, J), the poses v (B, J, D) and the reconstructions (B, C, H, W) or None.
 
     ``config.routing`` names the router (its activations are the class scores); the decoder
     gets the poses masked by ``labels`` (training) or by the best capsule (inference).
@@ -121,7 +122,7 @@ class CapsNet(nn.Module):
         return ClassRouting(u, u_hat, None, routed, self.digit_caps.router)
 
     def forward_head(self, routing: ClassRouting,
-                     labels: torch.Tensor | None = None) -> CapsuleOutput:
+                     labels: torch.Tensor | None = None) -> ModelOutput:
         """The routed class capsules, and the decoder's image of the one ``labels`` names."""
         v, lengths = routing.routed.poses, routing.routed.activations  # (B, 10, 16), (B, 10)
         reconstructions = None
@@ -129,9 +130,9 @@ class CapsNet(nn.Module):
             with autocast_to(v.device, self.compute_dtype):
                 keep = labels if labels is not None else lengths.argmax(dim=-1)  # (B,)
                 reconstructions = full_precision(self.decoder(v, keep))  # (B, 1, 28, 28)
-        return CapsuleOutput(lengths, v, reconstructions)
+        return ModelOutput(lengths, v, reconstructions, loss=ENTRY.loss)
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> ModelOutput:
         return self.forward_head(self.forward_routing(x), labels)
 
 

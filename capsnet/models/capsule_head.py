@@ -29,8 +29,7 @@ from capsnet.layers import (
     squash,
 )
 from capsnet.layers.routed_caps import balanced_init_std
-from capsnet.models.base import ModelEntry, autocast_to
-from capsnet.models.capsnet import CapsuleOutput
+from capsnet.models.base import ModelEntry, ModelOutput, autocast_to
 from capsnet.routing import ROUTERS, make_router
 
 BACKBONES = ("stem", "conv1")
@@ -178,8 +177,9 @@ class CapsuleHead(nn.Module):
 
 
 class CapsuleHeadNet(nn.Module):
-    """Images (B, C, H, W) in [0, 1] -> :class:`CapsuleOutput` (lengths: the class
-    activations). ``backbone``: any module returning (B, C', G, G); default the config's."""
+    """Images (B, C, H, W) in [0, 1] -> :class:`ModelOutput` (scores: the class capsules'
+    activations, their lengths for vector routers; poses; reconstructions with a decoder).
+    ``backbone``: any module returning (B, C', G, G); default the config's."""
 
     def __init__(self, config: CapsuleHeadConfig = CapsuleHeadConfig(),
                  backbone: nn.Module | None = None):
@@ -198,14 +198,14 @@ class CapsuleHeadNet(nn.Module):
         with autocast_to(x.device, self.compute_dtype):
             return self.backbone(self.input_norm(x))  # (B, C', G, G)
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsuleOutput:
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> ModelOutput:
         poses, lengths = self.head(self.features(x))  # (B, J, D), (B, J)
         reconstructions = None
         if self.decoder is not None:
             with autocast_to(x.device, self.compute_dtype):
                 keep = labels if labels is not None else lengths.argmax(dim=-1)  # (B,)
                 reconstructions = full_precision(self.decoder(poses, keep))
-        return CapsuleOutput(lengths, poses, reconstructions)
+        return ModelOutput(lengths, poses, reconstructions, loss=ENTRY.loss)
 
 
 @torch.no_grad()

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from capsnet.config import DataConfig
 from capsnet.layers import Decoder, GemmConv2d, full_precision
-from capsnet.models.base import ModelEntry, autocast_to
+from capsnet.models.base import ModelEntry, ModelOutput, autocast_to
 
 CNN_DECODERS = ("none", "plain", "class-conditional")
 
@@ -44,15 +43,9 @@ class CNNConfig(DataConfig):
         return self.image_size // self.pool ** len(self.conv_channels)
 
 
-class CNNOutput(NamedTuple):
-    """The output of a CNN with a reconstruction decoder (``config.decoder`` not "none")."""
-
-    logits: torch.Tensor  # (B, classes)
-    reconstructions: torch.Tensor  # (B, C, H, W)
-
-
 class CNNBaseline(nn.Module):
-    """(B, C, H, W) -> logits (B, classes), float32; ``compute_dtype`` is the autocast dtype."""
+    """(B, C, H, W) -> a :class:`ModelOutput`: softmax probabilities (B, classes) as scores,
+    the logits, float32; ``compute_dtype`` is the autocast dtype."""
 
     def __init__(self, config: CNNConfig = CNNConfig()):
         super().__init__()
@@ -79,22 +72,23 @@ class CNNBaseline(nn.Module):
         self.compute_dtype: torch.dtype | None = None
 
     def forward(self, x: torch.Tensor,
-                labels: torch.Tensor | None = None) -> torch.Tensor | CNNOutput:
-        """Logits (B, classes); with a decoder a :class:`CNNOutput`, whose reconstruction is
-        fed the last hidden layer (class-conditional: in the slot of ``labels``, else of the
-        predicted class)."""
+                labels: torch.Tensor | None = None) -> ModelOutput:
+        """Scores and logits; with a decoder also reconstructions, the decoder fed the last
+        hidden layer (class-conditional: in the slot of ``labels``, else of the predicted
+        class)."""
         with autocast_to(x.device, self.compute_dtype):
             h = self.features(x)  # (B, 128, 28, 28)
             hidden = self.classifier[:-1](h.flatten(1))  # (B, 192)
             logits = full_precision(self.classifier[-1](hidden))  # (B, 10)
             if self.decoder is None:
-                return logits
+                return ModelOutput.from_logits(logits, loss=ENTRY.loss)
             keep = labels if labels is not None else logits.argmax(dim=-1)  # (B,)
             if self.config.decoder == "class-conditional":
                 poses = hidden.unsqueeze(1).expand(-1, self.config.num_classes, -1)  # (B, J, 192)
             else:  # one slot, always kept
                 poses, keep = hidden.unsqueeze(1), torch.zeros_like(keep)  # (B, 1, 192)
-            return CNNOutput(logits, full_precision(self.decoder(poses, keep)))
+            reconstructions = full_precision(self.decoder(poses, keep))  # (B, C, H, W)
+            return ModelOutput.from_logits(logits, reconstructions, loss=ENTRY.loss)
 
 
 ENTRY = ModelEntry(
@@ -115,5 +109,6 @@ ENTRY = ModelEntry(
     # The wide CNNs stay at chance at the paper's 1e-3; the 'small' and 'tiny' ones learn.
     lr=1e-4,
     preset_lr={"small": 1e-3, "tiny": 1e-3},
+    loss="cross_entropy",
     scores="probabilities",
 )

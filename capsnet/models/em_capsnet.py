@@ -3,7 +3,6 @@ ReLU Conv1 -> PrimaryCaps -> ConvCaps1 -> ConvCaps2 -> Class capsules."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -11,7 +10,14 @@ from torch import nn
 from capsnet.config import NormalisedDataConfig, conv_output_size, stack_fields
 from capsnet.layers import GemmConv2d, InputNorm
 from capsnet.layers.matrix_caps import ClassCapsules, ConvMatrixCaps, PrimaryMatrixCaps
-from capsnet.models.base import POSITION_MAJOR, Children, ClassRouting, ModelEntry, autocast_to
+from capsnet.models.base import (
+    POSITION_MAJOR,
+    Children,
+    ClassRouting,
+    ModelEntry,
+    ModelOutput,
+    autocast_to,
+)
 
 
 @dataclass(frozen=True)
@@ -76,22 +82,15 @@ class EMCapsNetConfig(NormalisedDataConfig):
         return tuple((centre + 0.5) / self.image_size for centre in centres)  # pixel centre
 
 
-class MatrixCapsuleOutput(NamedTuple):
-    """The class capsules' activations (the class scores) and flattened 4x4 poses; no
-    reconstructions. ``loss_name`` picks the spread loss in capsnet.losses."""
-
-    activations: torch.Tensor  # (B, J) a_j, the class scores
-    poses: torch.Tensor  # (B, J, 16) the class capsules' 4x4 poses, row-major
-    loss_name = "spread"  # a class attribute, not a field
-
-
 # The primary poses' RMS after :meth:`EMCapsNet.initialise_from_data`: unit-scale poses keep
 # the votes' variances, which the E-steps divide by, from being tiny (docs/models-em.md).
 PRIMARY_POSE_RMS = 1.0
 
 
 class EMCapsNet(nn.Module):
-    """Input images (B, C, H, W) in [0, 1]; output :class:`MatrixCapsuleOutput`.
+    """Input images (B, C, H, W) in [0, 1]; a :class:`ModelOutput`: the class
+    capsules' activations a_j (B, J) as scores, their 4x4 poses (B, J, 16) row-major, no
+    reconstructions.
     ``compute_dtype`` is the convolutions' autocast dtype; votes and routing run in float32.
     ``labels`` is accepted and unused (no decoder)."""
 
@@ -136,12 +135,13 @@ class EMCapsNet(nn.Module):
         return ClassRouting(a, votes, a, routed, self.class_caps.router)
 
     def forward_head(self, routing: ClassRouting,
-                     labels: torch.Tensor | None = None) -> MatrixCapsuleOutput:
+                     labels: torch.Tensor | None = None) -> ModelOutput:
         routed = routing.routed
-        return MatrixCapsuleOutput(routed.activations, routed.poses)  # (B, 10), (B, 10, 16)
+        return ModelOutput(routed.activations, routed.poses,  # (B, 10), (B, 10, 16)
+                           loss=ENTRY.loss)
 
     def forward(self, x: torch.Tensor,
-                labels: torch.Tensor | None = None) -> MatrixCapsuleOutput:
+                labels: torch.Tensor | None = None) -> ModelOutput:
         return self.forward_head(self.forward_routing(x))
 
 
@@ -166,8 +166,6 @@ ENTRY = ModelEntry(
     recipes={"fast": {"lr_scale": 1.0}},
     routing_view=routing_view,
     initialise=EMCapsNet.initialise_from_data,
+    loss="spread",
     scores="activations",
-    # EM routing normalises each child's assignments over its parents by a scatter-max (for
-    # a stable logsumexp): ONNX's ScatterElements reduction 'max' is opset 18.
-    onnx_opset=18,
 )

@@ -9,7 +9,7 @@ from torch import nn
 
 from capsnet.config import NormalisedDataConfig
 from capsnet.layers import InputNorm, ResidualStem
-from capsnet.models.base import ModelEntry, autocast_to
+from capsnet.models.base import ModelEntry, ModelOutput, autocast_to
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class StemCNNConfig(NormalisedDataConfig):
 
 
 class StemCNN(nn.Module):
-    """(B, C, H, W) in [0, 1] -> logits (B, classes), float32."""
+    """(B, C, H, W) in [0, 1] -> :class:`ModelOutput` from the logits (B, classes)."""
 
     def __init__(self, config: StemCNNConfig = StemCNNConfig()):
         super().__init__()
@@ -31,11 +31,11 @@ class StemCNN(nn.Module):
         self.classifier = nn.Linear(self.backbone.out_channels, cfg.num_classes)
         self.compute_dtype: torch.dtype | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> ModelOutput:
         with autocast_to(x.device, self.compute_dtype):
             features = self.backbone(self.input_norm(x))  # (B, C', G, G)
             logits = self.classifier(features.mean(dim=(2, 3)))  # (B, classes)
-        return logits.float()
+        return ModelOutput.from_logits(logits.float(), loss=ENTRY.loss)
 
 
 ENTRY = ModelEntry(
@@ -43,4 +43,5 @@ ENTRY = ModelEntry(
     summary="the capsule head's backbone with a linear head (its baseline)",
     presets={"paper": {}, "small": {"stem_width": 8, "stem_max_width": 64}},
     lr=1e-3,
+    loss="cross_entropy",
 )
