@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from capsnet.devices import machine_description, native_bf16
+from capsnet.devices import machine_description, native_bf16, tune_backends
 from capsnet.layers.gemm_conv import CONV_IMPLS, GemmConv2d
 from capsnet.models.base import PRECISIONS, precision_name
 
@@ -107,6 +107,17 @@ def tune_for_inference(model: nn.Module, device: torch.device, precision: str = 
     plan = choose_plan(model, device, precision=precision, conv_impl=conv_impl)
     apply_plan(model, plan)
     return plan
+
+
+def tune(model: nn.Module, device: torch.device | str | None = None, precision: str = AUTO,
+         conv_impl: str = AUTO) -> SpeedPlan:
+    """Make ``model`` compute as ``capsnet train`` makes it on ``device`` (default: where its
+    parameters are), for a training loop or inference of your own: the process settings
+    (:func:`capsnet.devices.tune_backends`) and the plan of :func:`choose_plan` applied. Returns
+    the plan; ``plan.describe()`` says what was chosen (e.g. bf16 where the device has it)."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    tune_backends(device)
+    return tune_for_inference(model, device, precision, conv_impl)
 
 
 GIB = 2**30

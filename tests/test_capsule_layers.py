@@ -141,8 +141,9 @@ def test_shared_class_capsules_equal_loops_with_coordinate_addition(name):
                 for x in range(W):
                     for t in range(T):
                         vote = layer.W[t, j] @ poses[b, y, x, t]
-                        vote = vote + torch.cat([torch.stack([rows[y], columns[x]]),
-                                                 vote.new_zeros(D - 2)])
+                        coordinates = torch.stack([rows[y], columns[x]])
+                        vote = vote + layer.coordinate_scale * torch.cat(
+                            [coordinates, vote.new_zeros(D - 2)])
                         slow_votes[b, j, (y * W + x) * T + t] = vote
     torch.testing.assert_close(u_hat, slow_votes)
     activations = torch.linalg.vector_norm(poses, dim=-1).reshape(2, -1) if name == "em" else None
@@ -153,7 +154,7 @@ def test_shared_class_capsules_equal_loops_with_coordinate_addition(name):
 
 def test_shared_class_capsules_parameters_do_not_grow_with_the_grid():
     layer = SharedClassCapsules(8, 8, 1000, 16, router("dynamic", 1, 1000, 16))
-    assert sum(p.numel() for p in layer.parameters()) == 8 * 1000 * 16 * 8
+    assert sum(p.numel() for p in layer.parameters()) == 8 * 1000 * 16 * 8 + 1
     assert layer(squash(torch.randn(1, 7, 7, 8, 8))).poses.shape == (1, 1000, 16)
 
 

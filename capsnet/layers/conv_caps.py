@@ -11,6 +11,8 @@ A capsule grid is poses (B, H, W, T, D) and activations (B, H, W, T); the router
 :mod:`capsnet.routing`'s, each window routed as one fully connected layer."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -102,7 +104,9 @@ class SharedClassCapsules(nn.Module):
     u_hat (B, J, H*W*T, d_out) (children position-major, type fastest) and their Routed:
     poses (B, J, d_out), activations (B, J). One W (T, J, d_out, d_in) per child type, shared
     across positions; with ``coordinate_addition`` each vote's entries 0 and 1 get the child's
-    scaled row and column (Hinton et al. 2018), so position is not lost."""
+    scaled row and column (Hinton et al. 2018), so position is not lost, times a learned
+    ``coordinate_scale`` that starts at a vote entry's size (init_std sqrt(d_in)): a routed
+    sum of I/J votes would otherwise be all coordinates at the start."""
 
     def __init__(self, in_types: int, in_dim: int, num_classes: int, out_dim: int,
                  router: Router, coordinate_addition: bool = True,
@@ -111,6 +115,7 @@ class SharedClassCapsules(nn.Module):
         self.in_types, self.in_dim = in_types, in_dim
         self.coordinate_addition = coordinate_addition
         self.W = nn.Parameter(init_std * torch.randn(in_types, num_classes, out_dim, in_dim))
+        self.coordinate_scale = nn.Parameter(torch.tensor(init_std * math.sqrt(in_dim)))
         self.router = router
 
     def votes(self, poses: torch.Tensor) -> torch.Tensor:
@@ -122,7 +127,7 @@ class SharedClassCapsules(nn.Module):
                                   dtype=u_hat.dtype)  # (H, W, 1, D)
             offsets[..., ROW_ENTRY] = scaled_coordinates(H, poses.device)[:, None, None]
             offsets[..., COLUMN_ENTRY] = scaled_coordinates(W, poses.device)[None, :, None]
-            u_hat = u_hat + offsets  # (B, J, H, W, T, D)
+            u_hat = u_hat + self.coordinate_scale * offsets  # (B, J, H, W, T, D)
         return u_hat.reshape(B, u_hat.shape[1], H * W * T, -1)  # (B, J, I, D)
 
     def route(self, poses: torch.Tensor,

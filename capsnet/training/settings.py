@@ -3,8 +3,9 @@ recipes (the paper's and a fast one) that fill what a run leaves None."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from capsnet.models import check_options, has_option, model_entry
@@ -28,6 +29,11 @@ class Recipe:
     ema_warmup: bool  # the average's decay ramps up as min(decay, (1 + n) / (10 + n))
     augment: str  # 'shift' (random shifts of up to max_shift pixels) or 'efficient'
     max_shift: int  # the 'shift' augmentation's pixels, when a run trains with it
+    val_size: int | None = None  # images held out for validation (None: validation_size())
+    margin_weight: float = 1.0  # the margin loss's factor (capsnet.losses.capsule_loss)
+    # CapsNet options the recipe sets (capsnet.models.capsnet.CapsNetConfig), for a model
+    # that has them
+    model_options: dict = field(default_factory=dict)
 
 
 # The paper's: Adam at 1e-3 decayed by 0.96 after each epoch, 2-pixel shifts, batch 128.
@@ -41,8 +47,28 @@ FAST_RECIPE = Recipe(epochs=15, batch_size=128, lr_scale=3.0, schedule="cosine",
                      warmup_epochs=1.0, min_lr=1e-5, ema_decay=0.999, ema_warmup=True,
                      augment="shift", max_shift=2)
 
+# The released code's (tensorflow/models, research/capsules: model.py and experiment.py's
+# MNIST command): Adam 1e-3 x 0.96 ** (step / 2,000) (tf.train.exponential_decay, not
+# staircase) floored at 1e-6, --max_steps=300000 of batch 128 on all 60,000 training images
+# (no validation split unless --validate), shifts of up to 2 pixels (25 positions).
+RELEASED_DECAY, RELEASED_DECAY_STEPS, RELEASED_STEPS, RELEASED_MIN_LR = 0.96, 2000, 300_000, 1e-6
+MNIST_TRAIN_IMAGES, RELEASED_BATCH = 60_000, 128
+RELEASED_STEPS_PER_EPOCH = math.ceil(MNIST_TRAIN_IMAGES / RELEASED_BATCH)  # 469
+# Here the rate steps once an epoch, to the released curve's value at the epoch's start:
+# 0.96 ** (469 / 2000) = 0.9905 an epoch, 640 epochs (300,160 steps), ending near 2.2e-6.
+OFFICIAL_RECIPE = Recipe(
+    epochs=math.ceil(RELEASED_STEPS / RELEASED_STEPS_PER_EPOCH), batch_size=RELEASED_BATCH,
+    lr_scale=1.0, schedule="exp",
+    lr_decay=RELEASED_DECAY ** (RELEASED_STEPS_PER_EPOCH / RELEASED_DECAY_STEPS),
+    warmup_epochs=0.0, min_lr=RELEASED_MIN_LR, ema_decay=0.0, ema_warmup=False,
+    augment="shift", max_shift=2, val_size=0,
+    margin_weight=0.5,  # layers._margin_loss: 0.5 x present + 0.5 x 0.5 x absent
+    model_options={"routing_full_graph": True,  # the votes' gradient through every iteration
+                   "routing_biases": True,  # capsule layer's `biases` (0.1) before each squash
+                   "digit_weights_stddev": 0.1})  # variables.weight_variable's stddev
+
 # The recipes by name, as CapsNet trains under them; a model's registry entry changes them.
-RECIPES = {"paper": PAPER_RECIPE, "fast": FAST_RECIPE}
+RECIPES = {"paper": PAPER_RECIPE, "fast": FAST_RECIPE, "official": OFFICIAL_RECIPE}
 
 
 def recipe_for(name: str, model: str = "capsnet") -> Recipe:
@@ -66,7 +92,7 @@ class TrainSettings:
     data_dir: str | None = None
     download: bool = True
     # None below: the recipe's value for the model (RECIPES)
-    recipe: str = "paper"  # 'paper' or 'fast'
+    recipe: str = "paper"  # 'paper', 'fast' or 'official' (the released code's)
     epochs: int | None = None
     batch_size: int | None = None
     lr: float | None = None  # peak Adam rate; None: the recipe's multiple of default_lr()
@@ -80,6 +106,10 @@ class TrainSettings:
     routing: str | None = None  # CapsNet: the routing algorithm (capsnet.routing.ROUTERS)
     routing_iterations: int | None = None
     reconstruction_weight: float = 0.0005  # 0 trains CapsNet without its decoder
+    margin_weight: float | None = None  # the margin loss's factor (the official recipe: 0.5)
+    routing_full_graph: bool | None = None  # CapsNet: gradients through every iteration
+    routing_biases: bool | None = None  # CapsNet: a bias on DigitCaps' s before each squash
+    digit_weights_stddev: float | None = None  # CapsNet: DigitCaps' initial W (paper 0.01)
     cnn_decoder: str | None = None  # CNN: 'plain' (CNN+R) or 'class-conditional' (CNN+CR) decoder
     augment: str | None = None  # 'shift' (max_shift) or 'efficient' (Efficient-CapsNet's)
     max_shift: int | None = None  # 'shift': random translations of up to this many pixels
@@ -110,8 +140,11 @@ class TrainSettings:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        check_options(self.model, self.preset, **self.model_options())
         recipe = recipe_for(self.recipe, self.model)
+        for name, value in recipe.model_options.items():
+            if getattr(self, name) is None and has_option(self.model, name):
+                setattr(self, name, value)
+        check_options(self.model, self.preset, **self.model_options())
         for name in RECIPE_FIELDS:
             if getattr(self, name) is None:
                 setattr(self, name, getattr(recipe, name))
@@ -126,7 +159,9 @@ class TrainSettings:
         options = {"routing": self.routing, "routing_iterations": self.routing_iterations,
                    "input_norm": None if self.input_norm == "auto" else self.input_norm,
                    "conv1_stride": None if self.conv1_stride == "auto" else int(self.conv1_stride),
-                   "decoder": self.cnn_decoder}
+                   "decoder": self.cnn_decoder, "routing_full_graph": self.routing_full_graph,
+                   "routing_biases": self.routing_biases,
+                   "digit_weights_stddev": self.digit_weights_stddev}
         return {name: value for name, value in options.items() if value is not None}
 
     def check(self) -> None:
@@ -186,7 +221,7 @@ SAVED_FOR_EVERY_MODEL = ("routing", "routing_iterations", "input_norm", "conv1_s
 # Settings a recipe fills when a run leaves them None (the learning rate and max_shift: see
 # __post_init__).
 RECIPE_FIELDS = ("epochs", "batch_size", "schedule", "lr_decay", "warmup_epochs", "min_lr",
-                 "ema_decay", "ema_warmup", "augment")
+                 "ema_decay", "ema_warmup", "augment", "val_size", "margin_weight")
 
 
 # The validation split when none is asked for: DEFAULT_VAL_SIZE images (MNIST's 5,000 of
