@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -229,6 +229,7 @@ class EvalResult:
     accuracy: float
     loss: float
     confusion: torch.Tensor  # (J, J) int64, rows: true class, columns: predicted
+    scores: torch.Tensor | None = field(default=None, repr=False)  # (N, J) float32
 
     @property
     def error(self) -> float:
@@ -258,19 +259,21 @@ def predict_scores(model: nn.Module, images: torch.Tensor, batch_size: int = 500
 @torch.no_grad()
 def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
              batch_size: int = 500, reconstruction_weight: float = 0.0005) -> EvalResult:
-    """Accuracy, mean loss and confusion matrix on uint8 images (N, H, W), labels (N,)."""
+    """Accuracy, mean loss, confusion matrix and class scores (those of
+    :func:`predict_scores`) on uint8 images (N, H, W), labels (N,)."""
     model.eval()
     device = images.device
     loss_sum = torch.zeros((), device=device)
-    predictions = []
+    scores = []
     for x_u8, y in zip(images.split(batch_size), labels.split(batch_size), strict=False):
         x = to_model_input(x_u8)
         out = model(x)
         loss_sum += model_loss(out, x, y, reconstruction_weight).float() * y.numel()
-        predictions.append(class_scores(out).argmax(-1))
-    predicted = torch.cat(predictions)
-    num_classes = class_scores(out).shape[-1]
+        scores.append(class_scores(out).float())  # (B, J)
+    all_scores = torch.cat(scores)  # (N, J)
+    predicted = all_scores.argmax(-1)
+    num_classes = all_scores.shape[-1]
     confusion = torch.bincount(labels * num_classes + predicted,
                                minlength=num_classes**2).view(num_classes, num_classes).cpu()
     accuracy = (predicted == labels).float().mean().item()
-    return EvalResult(accuracy, loss_sum.item() / labels.numel(), confusion)
+    return EvalResult(accuracy, loss_sum.item() / labels.numel(), confusion, all_scores)

@@ -45,6 +45,7 @@ from capsnet.training.metrics_log import log_metrics, tensorboard_writer, trim_m
 from capsnet.training.optimisation import Training, build_training, initialise_from_data
 from capsnet.training.settings import TrainSettings, resume_checkpoint
 from capsnet.tuning import (
+    GIB,
     MemoryExceeded,
     SpeedPlan,
     apply_plan,
@@ -363,6 +364,8 @@ def _report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
                        **task.final_report(model, best, state, log))
     now = memory_now(next(model.parameters()).device)
     results["memory_peak_bytes"] = None if now is None else now[1]  # the test's too
+    if now is not None:
+        log(f"memory: {now[1] / GIB:.2f} GiB peak per process over the whole run")
     write_json(run_dir / "results.json", results)
     return results
 
