@@ -166,13 +166,13 @@ def cuda_graphed(step: Step, warmup_steps: int = GRAPH_WARMUP_STEPS) -> Step:
     ``capturable=True`` and a learning rate that is a device tensor (a scheduler then fills
     it), no fp16 gradient scaler and no DDP; the model must not read values back."""
     graph, static_batch, static_fraction, static_out = None, None, None, None
-    eager_steps = 0
+    eager_steps, side = 0, None
 
     def shapes(batch: Batch) -> list[torch.Size]:
         return [t.shape for t in batch]
 
     def graphed(batch: Batch, run_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
-        nonlocal graph, static_batch, static_fraction, static_out, eager_steps
+        nonlocal graph, static_batch, static_fraction, static_out, eager_steps, side
         if graph is not None and shapes(batch) == shapes(static_batch):
             for static, given in zip(static_batch, batch, strict=True):
                 static.copy_(given)
@@ -188,7 +188,7 @@ def cuda_graphed(step: Step, warmup_steps: int = GRAPH_WARMUP_STEPS) -> Step:
             graph.replay()  # capturing ran nothing: this is the step
             return static_out
         eager_steps += 1
-        side = torch.cuda.Stream()
+        side = side or torch.cuda.Stream(batch[0].device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             out = step(batch, run_fraction)
