@@ -66,7 +66,7 @@ def test_margin_loss_is_flat_on_confident_outputs_and_cw_is_not():
 
 
 def test_unknown_loss_and_attack_name_the_choices(capsnet, data):
-    with pytest.raises(ValueError, match="choose from cw, margin, ce"):
+    with pytest.raises(ValueError, match="choose from worst, cw, margin, ce, logodds-ce"):
         attack_loss("hinge")
     with pytest.raises(ValueError, match="choose from fgsm"):
         run_attack("deepfool", capsnet, *data, 0.1)
@@ -167,7 +167,8 @@ def test_cw_moves_saturated_pixels_and_is_no_weaker_than_pgd_l2(capsnet, data):
     x, y = data
     x = (x > SATURATION_THRESHOLD).float()  # (N, 1, 28, 28) every pixel 0 or 1
     x_adv = cw_l2(Objective(capsnet, y, attack_loss("cw")), x)  # the default budget
-    pgd_l2, _ = run_attack("pgd-l2", capsnet, x, y, SATURATED_RADIUS, AttackSettings(steps=40))
+    pgd_l2, _ = run_attack("pgd-l2", capsnet, x, y, SATURATED_RADIUS,
+                           AttackSettings(steps=40, loss="cw"))  # the same loss as C&W
     pgd_fooled = predict(capsnet, pgd_l2) != y
     cw_fooled = (predict(capsnet, x_adv) != y) & \
         ((x_adv - x).flatten(1).norm(dim=1) <= SATURATED_RADIUS)
@@ -231,7 +232,7 @@ def test_reconstructive_attack_keeps_the_reconstruction_error_lower(capsnet, dat
     x, y = data
     plain, _ = run_attack("pgd", capsnet, x, y, 0.3, AttackSettings(steps=10))
     careful, _ = run_attack("reconstructive", capsnet, x, y, 0.3,
-                            AttackSettings(steps=10, reconstruction_weight=1.0))
+                            AttackSettings(steps=10, reconstruction_weights=(1.0,)))
     error = {name: image_scores(capsnet, images)[0]["reconstruction"].mean()
              for name, images in (("plain", plain), ("careful", careful))}
     assert error["careful"] < error["plain"]

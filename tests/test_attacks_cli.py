@@ -34,7 +34,7 @@ def test_json_rows_then_resumed(checkpoint, tiny_mnist_dir, tmp_path, capsys):
                                                        ("pgd", 0.1), ("pgd", 0.3)]
     for r in rows:
         assert {"model", "attack", "eps", "robust_accuracy", "loss"} <= set(r)
-        assert r["model"] == "tiny" and r["loss"] == "cw" and r["n"] == 8
+        assert r["model"] == "tiny" and r["loss"] == "worst" and r["n"] == 8
     assert len(list((tmp_path / "rows").glob("*.json"))) == 4
     assert (tmp_path / "accuracy-eps.png").stat().st_size > 0
     assert attack(args, tiny_mnist_dir, tmp_path) == 0
@@ -50,6 +50,7 @@ def test_detector_ood_sanity_and_figure(checkpoint, tiny_mnist_dir, tmp_path, ca
     assert attack(args, tiny_mnist_dir, tmp_path) == 0
     out = capsys.readouterr().out
     assert "reconstruction S_d %" in out and "more restarts never help the defence" in out
+    assert "reconstruction test FPR %" in out
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["rows"][0]["detection"]) == {"reconstruction", "class-reconstruction",
                                                     "length", "margin"}

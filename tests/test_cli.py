@@ -239,7 +239,8 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoint(
     assert code == 1
     err = error_line(capsys)
     assert "training loss became nan" in err and "last.pt" in err and "(epoch 1)" in err
-    assert len(training_steps) == 2 * steps_per_epoch  # stopped within epoch 2
+    # stopped at epoch 2's first read-back, after its first step
+    assert len(training_steps) == steps_per_epoch + 1
     payload = load_checkpoint(run / "last.pt")
     assert payload["epoch"] == 1
     assert all(torch.isfinite(t).all() for t in payload["state_dict"].values())

@@ -7,6 +7,7 @@ import torch
 from capsnet.layers import Decoder, DigitCaps, PrimaryCaps, squash
 from capsnet.layers.digit_caps import LazyDigitCaps
 from capsnet.routing import DynamicRouter
+from capsnet.squashing import squash_parts
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -80,6 +81,25 @@ def test_squash_huge_vectors_have_unit_length_and_finite_gradient(dtype, value):
 def test_squash_gradient_matches_finite_differences():
     s = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(squash, (s,))
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_squash_gradient_matches_finite_differences_at_all_lengths(scale):
+    s = (scale * torch.randn(3, 5, 4, dtype=torch.float64)).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: squash(x, dim=1), (s,))
+
+
+def test_fused_squash_equals_autograd_of_its_formula():
+    # The analytic backward against autograd through the plain ops of the same values.
+    s = (torch.randn(64, 10, 16, dtype=torch.float64)
+         * torch.logspace(-4, 4, 64, dtype=torch.float64)[:, None, None]).requires_grad_(True)
+    g = torch.randn_like(s)
+    fused, = torch.autograd.grad(squash(s), s, g)
+    u, _, f = squash_parts(s)
+    plain, = torch.autograd.grad(u * f, s, g)
+    torch.testing.assert_close(fused, plain, rtol=1e-10, atol=1e-14)
+    with torch.no_grad():  # the inference path: the same values
+        torch.testing.assert_close(squash(s), (u * f).detach(), rtol=0, atol=0)
 
 
 # --- PrimaryCaps --------------------------------------------------------------------------

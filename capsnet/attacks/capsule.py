@@ -15,7 +15,9 @@ from torch import nn
 from capsnet.models import ModelOutput, class_scores
 from capsnet.squashing import squash
 
-RECONSTRUCTIVE_WEIGHT = 0.05  # per unit of summed squared pixel error (lengths are in [0, 1])
+# The reconstructive attacks' weights per unit of summed squared pixel error, a grid from
+# the plain attack (0) to one that mostly lowers the error; each image keeps its best.
+RECONSTRUCTIVE_WEIGHTS = (0.0, 0.01, 0.05, 0.25, 1.0)
 
 
 def primary_votes(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, object]:

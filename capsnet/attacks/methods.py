@@ -1,6 +1,7 @@
 """The attack algorithms, each on an :class:`~capsnet.attacks.objectives.Objective`, pixels
 kept in [0, 1]: FGSM (Goodfellow et al. 2015), BIM (Kurakin et al. 2017) and PGD (Madry et
-al. 2018) in one projected-gradient loop, L-inf and L2; Carlini & Wagner's L2 attack (2017),
+al. 2018) in one projected-gradient loop, L-inf and L2; APGD (Croce & Hein 2020), PGD with
+momentum and a step size halved where progress stalls; Carlini & Wagner's L2 attack (2017),
 minimal norm; and the gradient-free Square attack (Andriushchenko et al. 2020), L-inf, the
 check against gradient masking (it must not beat PGD).
 """
@@ -22,8 +23,8 @@ CW_SEARCH_STEPS = 6  # binary-search rounds over c
 CW_INITIAL_C = 10.0  # class scores (lengths) live in [0, 1]: c must outweigh |delta|^2 ~ 1-10
 CW_LR = 0.1  # Adam step per pixel (pixel space, [0, 1])
 CW_GROWTH = 10.0  # c grows tenfold while no upper bound is known
-SQUARE_QUERIES = 1000
-P_INIT = 0.05  # the paper's initial fraction of pixels changed per query (MNIST: 0.3 for 10k)
+SQUARE_QUERIES = 10_000  # the paper's budget
+P_INIT = 0.8  # the initial fraction of pixels a square covers: the paper's for MNIST, L-inf
 # The square's area halves at these fractions of a 10,000-query budget (the paper's schedule).
 P_HALVINGS = (10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000)
 REFERENCE_QUERIES = 10_000
@@ -96,6 +97,15 @@ def pgd(objective: Objective, x: torch.Tensor, eps: float, steps: int = 40,
     if steps < 1 or restarts < 1:
         raise ValueError(f"steps ({steps}) and restarts ({restarts}) must be at least 1")
     step_size = PGD_STEP_FACTOR * eps / steps if step_size is None else step_size
+    return _with_restarts(lambda o, xs: _one_run(o, xs, eps, norm, steps, step_size,
+                                                 random_init, generator),
+                          objective, x, restarts)
+
+
+def _with_restarts(one_run, objective: Objective, x: torch.Tensor,
+                   restarts: int) -> torch.Tensor:
+    """``restarts`` runs of ``one_run(objective, images) -> (adversarial, fooled)``, each
+    on the images of x (B, C, H, W) no earlier run fooled."""
     x = x.detach().float()
     adversarial = x.clone()
     open_ = torch.ones(len(x), dtype=torch.bool, device=x.device)  # not fooled yet
@@ -103,11 +113,101 @@ def pgd(objective: Objective, x: torch.Tensor, eps: float, steps: int = 40,
         idx = open_.nonzero().squeeze(1)
         if idx.numel() == 0:
             break
-        best, fooled = _one_run(objective.restricted(idx), x[idx], eps, norm, steps, step_size,
-                                random_init, generator)
+        best, fooled = one_run(objective.restricted(idx), x[idx])
         adversarial[idx] = best
         open_[idx[fooled]] = False
     return adversarial
+
+
+# APGD's constants (Croce & Hein 2020, section 3 and their code): momentum, the share of
+# rising steps below which the step halves, the first checkpoint and the shortest and
+# shrinking gaps between checkpoints, as fractions of the steps; the first step, x eps.
+APGD_MOMENTUM = 0.75
+APGD_RHO = 0.75
+APGD_FIRST_CHECK = 0.22
+APGD_MIN_GAP = 0.06
+APGD_GAP_SHRINK = 0.03
+APGD_INITIAL_STEP = 2.0
+
+
+def _ascent_step(delta_grad: torch.Tensor, step: torch.Tensor, norm: str) -> torch.Tensor:
+    """Per-image steps (B,) of steepest ascent along grad (B, C, H, W) in ``norm``."""
+    direction = delta_grad.sign() if norm == "linf" else delta_grad / _norms(delta_grad)
+    return step.view(-1, 1, 1, 1) * direction
+
+
+def _apgd_run(objective: Objective, x: torch.Tensor, eps: float, norm: str, steps: int,
+              generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One APGD run from a random start around x (B, C, H, W): (adversarial images,
+    fooled (B,)). Each image ends at an iterate that fooled the model if any did, else at
+    its highest-loss iterate."""
+    B = len(x)
+
+    def clip(candidate: torch.Tensor) -> torch.Tensor:
+        return x + ((x + project(candidate - x, eps, norm)).clamp(0, 1) - x)
+
+    def evaluate(x_adv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x_adv = x_adv.detach().requires_grad_(True)
+        loss, success = objective(x_adv)  # (B,), (B,)
+        grad = torch.zeros_like(x_adv)
+        if loss.requires_grad:
+            grad, = torch.autograd.grad(loss.sum(), x_adv, materialize_grads=True)
+        return loss.detach(), success, grad
+
+    x_adv = clip(x + random_start(x, eps, norm, generator))
+    loss, fooled, grad = evaluate(x_adv)
+    fooling = x_adv.clone()  # the latest iterate that fooled each image
+    best, best_loss, best_grad = x_adv.clone(), loss.clone(), grad.clone()
+    step = torch.full((B,), APGD_INITIAL_STEP * eps, device=x.device)
+    previous = x_adv.clone()
+    gap = max(math.ceil(APGD_FIRST_CHECK * steps), 1)
+    min_gap, shrink = max(math.ceil(APGD_MIN_GAP * steps), 1), max(math.ceil(
+        APGD_GAP_SHRINK * steps), 1)
+    since_check, rises = 0, torch.zeros(B, device=x.device)
+    best_at_check = best_loss.clone()
+    halved_at_check = torch.zeros(B, dtype=torch.bool, device=x.device)
+    for i in range(steps):
+        momentum = APGD_MOMENTUM if i > 0 else 1.0
+        z = clip(x_adv + _ascent_step(grad, step, norm))
+        candidate = clip(x_adv + momentum * (z - x_adv) + (1 - momentum) * (x_adv - previous))
+        previous, x_adv = x_adv, candidate
+        new_loss, success, grad = evaluate(x_adv)
+        fooling = torch.where(success.view(-1, 1, 1, 1), x_adv, fooling)
+        fooled |= success
+        rises += (new_loss > loss).float()
+        loss = new_loss
+        better = loss > best_loss
+        best = torch.where(better.view(-1, 1, 1, 1), x_adv, best)
+        best_grad = torch.where(better.view(-1, 1, 1, 1), grad, best_grad)
+        best_loss = torch.where(better, loss, best_loss)
+        since_check += 1
+        if since_check == gap:  # a checkpoint: halve the step where progress stalled
+            stalled = rises <= APGD_RHO * gap
+            no_gain = ~halved_at_check & (best_at_check >= best_loss)
+            halve = stalled | no_gain
+            step = torch.where(halve, step / 2, step)
+            x_adv = torch.where(halve.view(-1, 1, 1, 1), best, x_adv)
+            grad = torch.where(halve.view(-1, 1, 1, 1), best_grad, grad)
+            halved_at_check, best_at_check = halve, best_loss.clone()
+            since_check, rises = 0, torch.zeros_like(rises)
+            gap = max(gap - shrink, min_gap)
+    return torch.where(fooled.view(-1, 1, 1, 1), fooling, best), fooled
+
+
+def apgd(objective: Objective, x: torch.Tensor, eps: float, steps: int = 100,
+         norm: str = "linf", restarts: int = 1,
+         generator: torch.Generator | None = None) -> torch.Tensor:
+    """Auto-PGD (Croce & Hein 2020) in the ``norm`` eps-ball around x (B, C, H, W) in
+    [0, 1]: momentum 0.75 and a per-image step, 2 eps at first, halved at checkpoints
+    where the loss rose in at most 75% of the steps since the last one or its best value
+    did not improve (the run then resumes from its best point). No step size to tune:
+    AutoAttack's parameter-free PGD. Restarts as :func:`pgd`'s."""
+    if norm not in NORMS:
+        raise ValueError(f"unknown norm {norm!r}; choose from {', '.join(NORMS)}")
+    if steps < 1 or restarts < 1:
+        raise ValueError(f"steps ({steps}) and restarts ({restarts}) must be at least 1")
+    return _with_restarts(lambda o, xs: _apgd_run(o, xs, eps, norm, steps, generator),
+                          objective, x, restarts)
 
 
 def cw_l2(objective: Objective, x: torch.Tensor, steps: int = CW_STEPS,
@@ -164,9 +264,11 @@ def _corner_signs(shape: tuple[int, ...], generator, device) -> torch.Tensor:
 def square_linf(objective: Objective, x: torch.Tensor, eps: float,
                 queries: int = SQUARE_QUERIES,
                 generator: torch.Generator | None = None) -> torch.Tensor:
-    """Square: per query, one random square of the perturbation is set to a random corner
-    of the eps-ball (L-inf) and kept when the loss rises. Returns (B, C, H, W) found with
-    ``queries`` forward passes at most per image; fooled examples stop being queried."""
+    """Square: per query, one random square of each image's perturbation (its place drawn
+    per image) is set to a random corner of the eps-ball (L-inf), a sign per channel, and
+    kept when the loss rises; the square covers P_INIT of the pixels at first and halves
+    on the paper's schedule. Returns (B, C, H, W) found with ``queries`` forward passes at
+    most per image; fooled examples stop being queried."""
     x = x.detach().float()
     B, C, H, W = x.shape
     # initialisation: vertical stripes of +-eps (the paper's)
@@ -179,12 +281,17 @@ def square_linf(objective: Objective, x: torch.Tensor, eps: float,
         at = query * REFERENCE_QUERIES / queries  # the paper's schedule, rescaled to the budget
         fraction = P_INIT / 2 ** sum(at > h for h in P_HALVINGS)
         side = max(1, min(H, round(math.sqrt(fraction * H * W))))
-        top = int(torch.randint(0, H - side + 1, (1,), generator=generator, device=x.device))
-        left = int(torch.randint(0, W - side + 1, (1,), generator=generator, device=x.device))
+        K = len(idx)
+        top = torch.randint(0, H - side + 1, (K, 1, 1, 1), generator=generator, device=x.device)
+        left = torch.randint(0, W - side + 1, (K, 1, 1, 1), generator=generator,
+                             device=x.device)
+        rows = torch.arange(H, device=x.device).view(1, 1, H, 1)
+        cols = torch.arange(W, device=x.device).view(1, 1, 1, W)
+        inside = ((rows >= top) & (rows < top + side)
+                  & (cols >= left) & (cols < left + side))  # (K, 1, H, W)
         x_sub, best_sub = x[idx], x_best[idx]
-        delta = best_sub - x_sub  # (K, C, H, W)
-        delta[:, :, top:top + side, left:left + side] = \
-            eps * _corner_signs((len(idx), C, 1, 1), generator, x.device)
+        corner = eps * _corner_signs((K, C, 1, 1), generator, x.device)  # (K, C, 1, 1)
+        delta = torch.where(inside, corner, best_sub - x_sub)  # (K, C, H, W)
         candidate = (x_sub + delta).clamp(0, 1)
         loss, now_fooled = objective.restricted(idx)(candidate)
         better = loss > loss_best[idx]

@@ -1,6 +1,12 @@
 """What an attack maximises, for every model alike: losses on the class scores (capsule
-lengths or activations, CNN logits), each (B,), larger = further from the labels; and the
-:class:`Objective` an attack climbs, which also judges its success."""
+lengths or activations, CNN logits) or on their log-odds log(L / (1 - L)) (for a CNN: its
+logits), each (B,), larger = further from the labels; the per-image worst of several
+losses (WORST_LOSS, the default, as AutoAttack's ensemble); and the :class:`Objective` an
+attack climbs, which also judges its success.
+
+Why the log-odds: the squash is flat near a confident capsule's length (dL/d|s| ~ 0.04 at
+L = 0.93), so a loss on the lengths mostly lifts the runner-up; log(L / (1 - L)) undoes
+that flattening, as a CNN's logits undo its softmax's."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,13 +21,32 @@ from capsnet.models import class_scores
 
 # (output, labels (B,)) -> (B,) per-example loss, larger = further from the labels.
 AttackLoss = Callable[[object, torch.Tensor], torch.Tensor]
-DEFAULT_LOSS = "cw"
+WORST_LOSS = "worst"  # per image, the first of ENSEMBLE_LOSSES that fools it
+DEFAULT_LOSS = WORST_LOSS
+LOG_ODDS_EPS = 1e-6  # scores clamped to [eps, 1 - eps] before log(L / (1 - L))
+DLR_EPS = 1e-12  # AutoAttack's guard of the DLR denominator
 EVAL_BATCH = 250  # images per forward pass when only scores are needed
 
 
 def attack_scores(output) -> torch.Tensor:
     """(B, J) float32 scores the attack losses read: capsule lengths or CNN logits."""
     return (output.scores if output.logits is None else output.logits).float()  # (B, J)
+
+
+def log_odds_scores(output) -> torch.Tensor:
+    """(B, J) float32 log-odds log(L / (1 - L)) of capsule scores L; a CNN's logits as
+    they are (its scores are already on that scale)."""
+    if output.logits is not None:
+        return output.logits.float()
+    return torch.logit(class_scores(output).float(), eps=LOG_ODDS_EPS)
+
+
+def _true_and_best_other(scores: torch.Tensor,
+                         labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) the true class's score and (B,) the best other class's, of scores (B, J)."""
+    own = scores.gather(1, labels.unsqueeze(1)).squeeze(1)  # (B,)
+    others = scores.masked_fill(F.one_hot(labels, scores.shape[-1]).bool(), float("-inf"))
+    return own, others.amax(dim=-1)
 
 
 def margin_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
@@ -38,10 +63,8 @@ def margin_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
 def cw_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
     """The C&W margin (Carlini & Wagner 2017): the best other class's score minus the true
     class's; never flat, the default."""
-    scores = attack_scores(output)  # (B, J)
-    own = scores.gather(1, labels.unsqueeze(1)).squeeze(1)  # (B,)
-    others = scores.masked_fill(F.one_hot(labels, scores.shape[-1]).bool(), float("-inf"))
-    return others.amax(dim=-1) - own  # (B,)
+    own, other = _true_and_best_other(attack_scores(output), labels)  # (B,), (B,)
+    return other - own
 
 
 def ce_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
@@ -49,15 +72,61 @@ def ce_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(attack_scores(output), labels, reduction="none")  # (B,)
 
 
+def log_odds_cw_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
+    """The C&W margin on the log-odds: best other minus true (a CNN: ``cw`` itself)."""
+    own, other = _true_and_best_other(log_odds_scores(output), labels)  # (B,), (B,)
+    return other - own
+
+
+def log_odds_ce_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the log-odds taken as logits (a CNN: ``ce`` itself)."""
+    return F.cross_entropy(log_odds_scores(output), labels, reduction="none")  # (B,)
+
+
+def dlr_attack_loss(output, labels: torch.Tensor) -> torch.Tensor:
+    """The difference of logits ratio of Croce & Hein (2020) on the log-odds:
+    (best other - true) / (z_pi1 - z_pi3), the scores sorted z_pi1 >= z_pi2 >= ...;
+    invariant to shifting and scaling the scores, AutoAttack's second loss."""
+    z = log_odds_scores(output)  # (B, J)
+    own, other = _true_and_best_other(z, labels)  # (B,), (B,)
+    top = z.sort(dim=-1, descending=True).values  # (B, J)
+    return (other - own) / (top[:, 0] - top[:, 2] + DLR_EPS)
+
+
 ATTACK_LOSSES: dict[str, AttackLoss] = {"cw": cw_attack_loss, "margin": margin_attack_loss,
-                                        "ce": ce_attack_loss}
+                                        "ce": ce_attack_loss,
+                                        "logodds-ce": log_odds_ce_attack_loss,
+                                        "logodds-cw": log_odds_cw_attack_loss,
+                                        "dlr": dlr_attack_loss}
+# The worst-case loss's members, in the order they run (each on the images the earlier
+# left unfooled): the strongest single loss on the shipped CapsNet first.
+ENSEMBLE_LOSSES = ("logodds-ce", "logodds-cw", "dlr", "ce", "cw")
+LOSS_CHOICES = (WORST_LOSS, *ATTACK_LOSSES)
 
 
 def attack_loss(name: str) -> AttackLoss:
-    """The loss called ``name``; a ValueError naming the choices otherwise."""
+    """The loss called ``name``; a ValueError naming the choices otherwise (the worst-case
+    loss is no single function: :func:`ensemble_losses` gives its members)."""
     if name not in ATTACK_LOSSES:
-        raise ValueError(f"unknown attack loss {name!r}; choose from {', '.join(ATTACK_LOSSES)}")
+        raise ValueError(f"unknown attack loss {name!r}; choose from "
+                         f"{', '.join(LOSS_CHOICES)}")
     return ATTACK_LOSSES[name]
+
+
+def ensemble_losses(name: str, output, labels: torch.Tensor) -> tuple[str, ...]:
+    """The losses the loss ``name`` runs: itself, or for the worst case the members of
+    ENSEMBLE_LOSSES that differ on ``output`` (a sample of the model's, with ``labels``):
+    on a CNN the log-odds losses equal ce and cw and are run once."""
+    if name != WORST_LOSS:
+        attack_loss(name)
+        return (name,)
+    kept, values = [], []
+    for member in ENSEMBLE_LOSSES:
+        value = ATTACK_LOSSES[member](output, labels)
+        if not any(torch.allclose(value, v) for v in values):
+            kept.append(member)
+            values.append(value)
+    return tuple(kept)
 
 
 def reconstruction_error(output, images: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,11 @@ def row_file(out_dir: Path, model: str, attack: str, eps: float, settings: Attac
     parts = [model, attack, settings.loss, f"eps{eps:g}", f"k{settings.steps}",
              f"r{settings.restarts}", f"n{n}-seed{settings.seed}"]
     parts += ["targeted"] * settings.targeted + [f"from-{source}"] * bool(source)
+    spec = attack_spec(attack)
+    if attack == "square":
+        parts.append(f"q{settings.queries}")
+    if spec.reconstructive:
+        parts.append("w" + "-".join(f"{w:g}" for w in settings.reconstruction_weights))
     if settings.routing_gradient != "full":
         parts.append(f"routing-gradient-{settings.routing_gradient}")
     slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", "__".join(parts))
@@ -115,11 +120,13 @@ def run_grid(models: Sequence[tuple[str, nn.Module]], attacks: Sequence[str],
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
-    """The rows as a Markdown table: accuracies in %, and S_d / AUROC per detector."""
+    """The rows as a Markdown table: accuracies in %, and per detector S_d, TPR, the
+    clean test images flagged (FPR; its threshold flags 5% of validation images) and
+    AUROC."""
     detectors = sorted({d for r in rows for d in r.get("detection", {})})
     head = ["model", "attack", "loss", "eps", "steps", "n", "clean %", "robust %",
             "success %", "s"]
-    head += [f"{d} {m}" for d in detectors for m in ("S_d %", "TPR %", "AUROC")]
+    head += [f"{d} {m}" for d in detectors for m in ("S_d %", "TPR %", "test FPR %", "AUROC")]
     lines = []
     for r in rows:
         cells = [r["model"], r["attack"] + (" (targeted)" if r["targeted"] else "")
@@ -130,7 +137,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
         for d in detectors:
             m = r.get("detection", {}).get(d)
             cells += ([f"{PERCENT * m['S_d']:.1f}", f"{PERCENT * m['tpr']:.1f}",
-                       f"{m['auroc']:.3f}"] if m else ["", "", ""])
+                       f"{PERCENT * m['test_fpr']:.1f}", f"{m['auroc']:.3f}"]
+                      if m else ["", "", "", ""])
         lines.append(cells)
     return writers.markdown_table(head, lines)
 

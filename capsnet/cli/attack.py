@@ -13,6 +13,7 @@ import torch
 from capsnet import attacks
 from capsnet.attacks.capsule import diagnosis
 from capsnet.attacks.detection import DETECTION_FPR
+from capsnet.attacks.objectives import ENSEMBLE_LOSSES, LOSS_CHOICES
 from capsnet.attacks.ood import CORRUPTIONS, ood_markdown, ood_row
 from capsnet.attacks.runner import ROWS_DIR
 from capsnet.checkpoint import load_model
@@ -60,9 +61,17 @@ def add_attack(subparsers) -> None:
                    help="radii, in the attack's norm (default: 0.1,0.3)")
     p.add_argument("--steps", type=int, default=s.steps, help="gradient steps (default: 40)")
     p.add_argument("--restarts", type=int, default=s.restarts, help="PGD random restarts")
-    p.add_argument("--loss", default=s.loss, choices=list(attacks.ATTACK_LOSSES),
-                   help=f"what the attack maximises (default: {attacks.DEFAULT_LOSS}, the "
-                        "strongest: best other class score minus the true one)")
+    p.add_argument("--loss", default=s.loss, choices=list(LOSS_CHOICES),
+                   help=f"what the attack maximises (default: {attacks.DEFAULT_LOSS}: per "
+                        f"image, the first of {', '.join(ENSEMBLE_LOSSES)} that fools it, each "
+                        "run on the images the earlier left; logodds-*: on log(L / (1 - L)) "
+                        "of the capsule lengths L, a CNN's logits; dlr: AutoAttack's difference "
+                        "of logits ratio; Square uses logodds-cw, C&W cw)")
+    p.add_argument("--reconstruction-weights", type=comma_list(float),
+                   default=list(s.reconstruction_weights), metavar="W[,W]",
+                   help="the reconstructive attacks' grid of weights of the reconstruction "
+                        "error; each image keeps the fooling image with the smallest error "
+                        f"(default: {','.join(f'{w:g}' for w in s.reconstruction_weights)})")
     p.add_argument("--targeted", action="store_true",
                    help="aim at a seeded random other class instead of any wrong class")
     p.add_argument("--routing-gradient", default="full", choices=["full", "last"],
@@ -139,7 +148,8 @@ def run_attack_grid(args: argparse.Namespace, argv: list[str]) -> int:
     x, y = to_model_input(test.images[pick]).to(device), test.labels[pick].to(device)
     settings = attacks.AttackSettings(
         steps=args.steps, restarts=args.restarts, loss=args.loss, targeted=args.targeted,
-        seed=args.seed, queries=args.queries, routing_gradient=args.routing_gradient)
+        seed=args.seed, queries=args.queries, routing_gradient=args.routing_gradient,
+        reconstruction_weights=tuple(args.reconstruction_weights))
     source = None
     if args.source:
         source = (Path(args.source).resolve().parent.name,

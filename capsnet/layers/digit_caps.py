@@ -1,28 +1,24 @@
-"""DigitCaps: one transformation matrix per (input capsule, output capsule) pair, then routing."""
+"""DigitCaps: the paper's class capsules, a :class:`CapsuleLayer` over (B, I, in_dim) inputs."""
 from __future__ import annotations
 
 import torch
-from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.parameter import UninitializedParameter
 
-from capsnet.routing import Routed, Router
-from capsnet.squashing import full_precision
+from capsnet.layers.routed_caps import W_INIT_STD, CapsuleLayer
+from capsnet.routing import Router
 
-# Standard deviation of the initial transformation matrices (as in the reference code).
-W_INIT_STD = 0.01
 CAPSULES_NDIM = 3  # (B, I, in_dim)
 
 
-class DigitCaps(nn.Module):
+class DigitCaps(CapsuleLayer):
     """u (B, I, in_dim) -> the ``router``'s Routed: poses (B, J, out_dim), activations (B, J)
-    and couplings. u_hat = W u is one einsum (W never copied per example); float32 under
-    autocast. :class:`LazyDigitCaps` reads I from the first input."""
+    and couplings; W (I, J, out_dim, in_dim) at the paper's scale (0.01).
+    :class:`LazyDigitCaps` reads I from the first input."""
 
-    def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, router: Router):
-        super().__init__()
-        self.W = nn.Parameter(W_INIT_STD * torch.randn(in_caps, out_caps, out_dim, in_dim))
-        self.router = router
+    def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, router: Router,
+                 **options):
+        super().__init__(in_caps, in_dim, out_caps, out_dim, router, **options)
 
     def check_input(self, u: torch.Tensor) -> None:
         """ValueError in one line unless u is (B, I, in_dim) as W was made for."""
@@ -31,21 +27,6 @@ class DigitCaps(nn.Module):
             raise ValueError(f"DigitCaps expects input capsules (B, {in_caps}, {in_dim}), got "
                              f"{tuple(u.shape)}: give it in_caps=PrimaryCaps.num_capsules(H, W) "
                              f"of its input maps, or use LazyDigitCaps")
-
-    def predictions(self, u: torch.Tensor) -> torch.Tensor:
-        """u: (B, I, in_dim) -> u_hat: (B, J, I, out_dim), output-major for the routing."""
-        # contiguous: the routing reads it six times (a permuted view would be copied each time)
-        return torch.einsum("ijdk,bik->bjid", self.W, u).contiguous()  # (B, 10, 1152, 16)
-
-    def route(self, u: torch.Tensor) -> tuple[torch.Tensor, Routed]:
-        """u: (B, I, in_dim) -> the votes u_hat (B, J, I, out_dim) and their routing."""
-        self.check_input(u)
-        with torch.autocast(device_type=u.device.type, enabled=False):
-            u_hat = self.predictions(full_precision(u))  # (B, J, I, D)
-            return u_hat, self.router(u_hat)  # poses (B, J, D), activations (B, J), couplings
-
-    def forward(self, u: torch.Tensor) -> Routed:
-        return self.route(u)[1]
 
 
 class LazyDigitCaps(LazyModuleMixin, DigitCaps):
@@ -59,7 +40,7 @@ class LazyDigitCaps(LazyModuleMixin, DigitCaps):
         self.in_dim, self.out_caps, self.out_dim = in_dim, out_caps, out_dim
         self.W = UninitializedParameter()
 
-    def initialize_parameters(self, u: torch.Tensor) -> None:
+    def initialize_parameters(self, u: torch.Tensor, *args) -> None:
         if not self.has_uninitialized_params():
             return
         if u.dim() != CAPSULES_NDIM or u.shape[-1] != self.in_dim:

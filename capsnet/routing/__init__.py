@@ -12,6 +12,8 @@ Shapes (B batch, J parents, I children seen by each parent, D pose size):
 indices (convolutional capsule layers); ``Routed.couplings`` one (B, J, I) per iteration."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from capsnet.routing.base import Routed, Router, fully_connected_only, uniform_couplings
 from capsnet.routing.dynamic import DynamicRouter
 from capsnet.routing.em import EMRouter
@@ -29,6 +31,27 @@ def router_class(name: str) -> type[Router]:
     return ROUTERS[name]
 
 
+@dataclass(frozen=True)
+class RouterOptions:
+    """The router options a model config carries, for a router built outside a model."""
+
+    routing_iterations: int = 3
+    routing_full_graph: bool = False
+    none_of_the_above: bool = False
+
+
+def make_router(name: str, *, children: int, parents: int, pose_dim: int,
+                iterations: int = 3, **options) -> Router:
+    """A router by name for a layer of ``children`` inputs and ``parents`` outputs of
+    ``pose_dim`` numbers (EM: one beta pair per parent); ``options`` as
+    :class:`RouterOptions` (``routing_full_graph``, ``none_of_the_above``)."""
+    cls = router_class(name)
+    if cls is EMRouter:
+        return EMRouter(parents, iterations)
+    config = RouterOptions(iterations, **options)
+    return cls.from_config(config, children=children, parents=parents, pose_dim=pose_dim)
+
+
 def capsnet_routers() -> list[str]:
     """The routers CapsNet's DigitCaps can hold, by name: the ``--routing`` choices."""
     return sorted(name for name, cls in ROUTERS.items()
@@ -36,5 +59,5 @@ def capsnet_routers() -> list[str]:
 
 
 __all__ = ["ROUTERS", "DynamicRouter", "EMRouter", "InvertedAttentionRouter", "Routed",
-           "Router", "SelfAttentionRouter", "capsnet_routers", "fully_connected_only",
-           "router_class", "uniform_couplings"]
+           "Router", "RouterOptions", "SelfAttentionRouter", "capsnet_routers",
+           "fully_connected_only", "make_router", "router_class", "uniform_couplings"]

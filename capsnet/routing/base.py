@@ -22,6 +22,9 @@ class Router(nn.Module):
     :meth:`agreements` is optional (for traces and figures only)."""
 
     name: ClassVar[str] = ""
+    # Whether forward needs the children's activations (EM); a capsnet.layers.CapsuleLayer
+    # given none passes the input capsules' lengths.
+    needs_activations: ClassVar[bool] = False
     # How traces and figures name the couplings (Routed.couplings): a symbol and a line on
     # what they are for this algorithm.
     coupling_symbol: ClassVar[str] = "c"

@@ -134,6 +134,7 @@ class EMRouter(Router):
     float32 (float64 for float64 votes) even under autocast."""
 
     name = "em"
+    needs_activations = True
     coupling_symbol = "R"
     coupling_meaning = ("R_ij, the assignments each M-step weighs the votes by (times the "
                         "child's activation a_i): normalised over the classes (iteration 1: "

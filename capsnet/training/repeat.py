@@ -14,13 +14,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from capsnet.atomic import write_json
 from capsnet.checkpoint import model_from_checkpoint
 from capsnet.data.model_view import load_test_set
 from capsnet.devices import pick_device
 from capsnet.training.distributed import env_ranks
 from capsnet.training.fit import LABELS_FILE, SCORES_FILE, fit
 from capsnet.training.loop import predict_scores
-from capsnet.training.runner import write_json
 from capsnet.training.settings import RESUME_OVERRIDES, TrainSettings, resumed_settings
 
 # Settings a seed's run directory may hold with other values and still be the same run.
