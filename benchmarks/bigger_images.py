@@ -25,6 +25,7 @@ import torch
 from benchmarks import sweep
 from benchmarks.sweep import Study, Variant
 from capsnet.checkpoint import load_model
+from capsnet.data.image_dataset import to_model_input
 from capsnet.data.model_view import load_test_set
 from capsnet.models import count_parameters
 
@@ -65,7 +66,7 @@ def evaluate(run_dir: Path, row: dict, device: torch.device, measure: bool) -> d
     active = None
     if hasattr(model, "head") and measure:
         test = load_test_set(model.config, "folder", data_dir_of(run_dir), progress=False)
-        active = active_shares(model, test.images.to(device))
+        active = active_shares(model, to_model_input(test.images).to(device))
     return {"parameters": count_parameters(model), "active": active}
 
 
