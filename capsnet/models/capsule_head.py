@@ -67,7 +67,10 @@ class CapsuleHeadConfig(NormalisedDataConfig):
     coordinate_addition: bool = True
     routing: str = "dynamic"  # any capsnet.routing.ROUTERS name
     routing_iterations: int = 3
-    use_decoder: bool = False  # a decoder of C*H*W pixels: for small images only
+    # A reconstruction decoder of C*H*W pixels (as CapsNet's), for small images only: it is
+    # not switched on by training's --reconstruction-weight (at 224x224x3 it would hold 154M
+    # parameters); the head's capsules stand without it.
+    decoder: bool = False
     decoder_hidden: tuple[int, ...] = (512, 1024)
 
 
@@ -191,7 +194,7 @@ class CapsuleHeadNet(nn.Module):
         self.head = CapsuleHead(features, cfg)
         image_shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
         self.decoder = (Decoder(cfg.num_classes, cfg.class_dim, cfg.decoder_hidden, image_shape)
-                        if cfg.use_decoder else None)
+                        if cfg.decoder else None)
         self.compute_dtype: torch.dtype | None = None
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
@@ -244,8 +247,9 @@ ENTRY = ModelEntry(
         "small": {"stem_width": 8, "stem_max_width": 64, "primary_types": 8},
         # three routed layers: two convolutional capsule layers, then the classes
         "deep": {"conv_caps": (16, 16)},
-        # the paper's Conv1 and PrimaryCaps (narrower), one strided convolutional capsule layer
-        "conv": {"backbone": "conv1", "conv1_channels": 64, "primary_kernel": 9,
+        # the paper's Conv1 (narrower, stride 2) and PrimaryCaps, one strided convolutional
+        # capsule layer
+        "conv": {"backbone": "conv1", "conv1_channels": 64, "conv1_stride": 2, "primary_kernel": 9,
                  "primary_stride": 2, "primary_types": 8, "conv_caps": (16,),
                  "conv_caps_stride": 2},
     },
