@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import json
 
-from capsnet.writers import markdown_table, write_json
+from capsnet.atomic import write_json
+from capsnet.writers import markdown_table
 
 
 def test_a_markdown_table_has_its_head_its_rule_and_a_line_per_row():

@@ -25,7 +25,7 @@ from capsnet.data.sources import DataNotFoundError
 from capsnet.devices import pick_device
 from capsnet.experiments.robustness import named_models
 from capsnet.training.settings import validation_size
-from capsnet.writers import write_json
+from capsnet.atomic import write_json
 
 # The other dataset each digit-like dataset is shown for the out-of-distribution rows.
 OOD_PARTNER = {"mnist": "fashion-mnist", "fashion-mnist": "mnist"}
