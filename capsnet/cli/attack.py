@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from capsnet import attacks
+from capsnet.atomic import write_json
 from capsnet.attacks.capsule import diagnosis
 from capsnet.attacks.detection import DETECTION_FPR
 from capsnet.attacks.objectives import ENSEMBLE_LOSSES, LOSS_CHOICES
@@ -25,7 +26,6 @@ from capsnet.data.sources import DataNotFoundError
 from capsnet.devices import pick_device
 from capsnet.experiments.robustness import named_models
 from capsnet.training.settings import validation_size
-from capsnet.atomic import write_json
 
 # The other dataset each digit-like dataset is shown for the out-of-distribution rows.
 OOD_PARTNER = {"mnist": "fashion-mnist", "fashion-mnist": "mnist"}
