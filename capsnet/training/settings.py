@@ -10,7 +10,7 @@ from pathlib import Path
 
 from capsnet.models import check_options, has_option, model_entry
 
-SCHEDULES = ("exp", "cosine", "onecycle")
+SCHEDULES = ("exp", "cosine")
 AUGMENTATIONS = ("shift", "efficient")  # capsnet.training.loop.augment
 
 
@@ -21,10 +21,10 @@ class Recipe:
     epochs: int
     batch_size: int
     lr_scale: float  # peak Adam rate as a multiple of the model's paper rate (1e-3 for CapsNet)
-    schedule: str  # 'exp': x lr_decay after each epoch; 'cosine', 'onecycle': set every step
+    schedule: str  # 'exp': x lr_decay after each epoch; 'cosine': set every step
     lr_decay: float  # 'exp': the factor applied after each epoch
     warmup_epochs: float  # linear warm-up to the peak rate, in epochs (0: none)
-    min_lr: float  # the floor: where 'cosine' and 'onecycle' end; 'exp' never goes below it
+    min_lr: float  # the floor: where 'cosine' ends; 'exp' never goes below it
     ema_decay: float  # moving average of the weights, updated every step (0: none)
     ema_warmup: bool  # the average's decay ramps up as min(decay, (1 + n) / (10 + n))
     augment: str  # 'shift' (random shifts of up to max_shift pixels) or 'efficient'
@@ -97,9 +97,9 @@ class TrainSettings:
     batch_size: int | None = None
     lr: float | None = None  # peak Adam rate; None: the recipe's multiple of default_lr()
     lr_decay: float | None = None  # schedule 'exp': multiplied into the rate after each epoch
-    schedule: str | None = None  # 'exp' (per epoch), 'cosine' or 'onecycle' (per step)
+    schedule: str | None = None  # 'exp' (per epoch) or 'cosine' (per step)
     warmup_epochs: float | None = None  # linear warm-up from ~0 to lr (per step)
-    min_lr: float | None = None  # the floor: 'cosine'/'onecycle' end there, 'exp' stops there
+    min_lr: float | None = None  # the floor: 'cosine' ends there, 'exp' stops there
     ema_decay: float | None = None  # EMA of the weights, validated/saved/tested; 0: none
     ema_warmup: bool | None = None  # EMA decay min(ema_decay, (1 + n) / (10 + n)) at update n
     # Model options; None: the preset's. Checked against the model (make_config).
@@ -125,7 +125,8 @@ class TrainSettings:
     device: str = "auto"
     precision: str = "auto"  # 'auto' (bf16 where native), 'fp32', 'bf16' or 'fp16' (autocast)
     conv_impl: str = "auto"  # 'auto' (gemm on a CPU, native elsewhere), 'native', 'channels_last'
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile the model with its loss
+    cuda_graph: bool = False  # on CUDA: capture the whole step once, replay it (loop.cuda_graphed)
     deterministic: bool = False  # cuDNN: deterministic algorithms instead of autotuning
     monitor_test: bool = False  # also evaluate the test set after every epoch (never for selection)
     target_accuracy: float | None = None  # stop after the first epoch whose validation reaches it
@@ -134,6 +135,7 @@ class TrainSettings:
     test_pairs: int | None = None  # MultiMNIST: test pairs made from the test digits
     time_limit: float | None = None  # seconds: stop (resumable) before an epoch would overrun
     keep_every: int | None = None  # also keep every N-th epoch's checkpoint as epoch-NNN.pt
+    checkpoint_every: int = 1  # last.pt every N epochs (and the last, and before a stop)
     out_dir: str = "runs/latest"
     progress: bool = True
 
@@ -163,7 +165,11 @@ class TrainSettings:
         return {name: value for name, value in options.items() if value is not None}
 
     def check(self) -> None:
-        """A ValueError for a schedule, average, augmentation or --keep-every that cannot run."""
+        """A ValueError, naming the setting, for a value that cannot run."""
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be at least 1, not {self.epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {self.batch_size}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose from "
                              f"{', '.join(SCHEDULES)}")
@@ -182,9 +188,16 @@ class TrainSettings:
         if self.augment != "shift" and self.crop is not None:
             raise ValueError(f"crop takes the place of augment 'shift'; it does not combine "
                              f"with augment {self.augment!r}")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be a positive number of epochs, "
+                             f"not {self.checkpoint_every}")
         if self.keep_every is not None and self.keep_every < 1:
             raise ValueError(f"keep_every must be a positive number of epochs, "
                              f"not {self.keep_every}")
+        if self.cuda_graph and (self.compile or self.precision == "fp16" or self.model == "em"):
+            raise ValueError("cuda_graph does not combine with compile (its reduce-overhead mode "
+                             "captures graphs itself), precision fp16 (the gradient scaler reads "
+                             "back) or model em (its margin schedule is read on the host)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -225,7 +238,8 @@ def validation_size(requested: int | None, pool: int) -> int:
 
 
 # Always taken from the command that resumes a run; the rest are the run's own settings.
-RESUME_OVERRIDES = ("epochs", "device", "progress", "time_limit", "keep_every")
+RESUME_OVERRIDES = ("epochs", "device", "progress", "time_limit", "keep_every",
+                    "checkpoint_every")
 
 
 def resume_checkpoint(path: str | Path) -> Path:
