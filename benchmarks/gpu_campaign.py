@@ -29,6 +29,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -221,6 +222,7 @@ def speed(c: Campaign) -> dict:
             c.write("speed", **{mode: {"ok": None, "skipped": why[mode]}})
             continue
         run_dir = c.work / "speed" / mode
+        shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run (metrics.csv appends)
         cap = min(c.p["epoch_run"], deadline - time.monotonic())
         record = Job(c, mode, c.train(run_dir, "--epochs", "2", "--val-size", "0",
                                       *c.p["speed_args"], *args), cap).wait(c)
@@ -245,6 +247,7 @@ def seed_argv(c: Campaign, run_dir: Path, seed: int, mode_args: tuple, limit: in
     if (run_dir / "last.pt").is_file():
         return c.capsnet("train", "--resume", str(run_dir), "--time-limit", str(limit),
                          "--no-progress")
+    shutil.rmtree(run_dir, ignore_errors=True)  # what a run stopped before its first epoch left
     return c.train(run_dir, "--recipe", "official", "--seed", str(seed), "--monitor-test",
                    "--time-limit", str(limit), *c.p["official_args"], *mode_args)
 
