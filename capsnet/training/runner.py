@@ -96,7 +96,8 @@ class Task:
         """A training batch's loss (float32 scalar) and count of right answers: the
         classifier's (:func:`~capsnet.training.loop.classification_loss`) unless overridden."""
         return classification_loss(model, batch, run_fraction,
-                                   self.settings.reconstruction_weight)
+                                   self.settings.reconstruction_weight,
+                                   self.settings.margin_weight)
 
     def validate(self, model: nn.Module, world: World) -> dict:
         """{'val_accuracy', ...} of the plain (unwrapped) model; {} without validation."""
