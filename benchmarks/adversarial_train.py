@@ -1,8 +1,8 @@
 """Adversarial training with `capsnet train` as it is, until the training loop takes an
 `--adversarial` setting: every training batch is replaced by adversarial images of the
-model being trained (capsnet.attacks.training.adversarial_batch), through the
-``batch_loss`` argument of capsnet.training.loop.train_one_epoch. Validation and test stay
-on clean images; the checkpoint is an ordinary one (`capsnet attack` reads it).
+model being trained (capsnet.attacks.training.adversarial_batch), through the function
+that makes the training batch (capsnet.training.loop.classification_batch). Validation and
+test stay on clean images; the checkpoint is an ordinary one (`capsnet attack` reads it).
 
     python -m benchmarks.adversarial_train --kind fgsm-rs --eps 0.3 -- \\
         --model cnn --preset tiny --recipe fast --epochs 10 --out-dir runs/adv/cnn-fgsm-rs
@@ -13,27 +13,19 @@ import argparse
 
 from capsnet.attacks.training import ADVERSARIAL_KINDS, adversarial_batch
 from capsnet.cli.main import main as capsnet_main
-from capsnet.data.image_dataset import to_model_input
-from capsnet.losses import model_loss
-from capsnet.models import class_scores
 from capsnet.training import fit, loop
 
 
-def adversarial_epochs(kind: str, eps: float, steps: int):
-    """train_one_epoch with each batch made adversarial (``kind``, ``eps``, ``steps``)."""
-    def train_one_epoch(model, optimizer, images, labels, order, options, generator=None,
-                        on_progress=None, batch_loss=None):
-        def adversarial_loss(idx, run_fraction):
-            x = loop.augment(to_model_input(images[idx]), options, generator)  # (B, C, H, W)
-            y = labels[idx]  # (B,)
-            x = adversarial_batch(model, x, y, kind, eps, steps, generator=generator)
-            out = model(x, y)
-            loss = model_loss(out, x, y, options.reconstruction_weight,
-                              run_fraction=run_fraction)
-            return loss, (class_scores(out).argmax(-1) == y).sum()
-        return loop.train_one_epoch(model, optimizer, images, labels, order, options,
-                                    generator, on_progress, adversarial_loss)
-    return train_one_epoch
+def adversarial_batches(kind: str, eps: float, steps: int):
+    """classification_batch with each batch made adversarial (``kind``, ``eps``, ``steps``)."""
+    def classification_batch(model, images, labels, options, generator=None):
+        clean = loop.classification_batch(model, images, labels, options, generator)
+
+        def make_batch(idx):
+            x, y = clean(idx)  # (B, C, H, W), (B,)
+            return adversarial_batch(model, x, y, kind, eps, steps, generator=generator), y
+        return make_batch
+    return classification_batch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="-- then the arguments of `capsnet train`")
     args = p.parse_args(argv)
     train_args = [a for a in args.train_args if a != "--"]
-    fit.train_one_epoch = adversarial_epochs(args.kind, args.eps, args.steps)
+    fit.classification_batch = adversarial_batches(args.kind, args.eps, args.steps)
     return capsnet_main(["train", *train_args])
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from capsnet.atomic import atomic_write
 from capsnet.data.datasets import FOLDER, ImageDataset, load_dataset
 from capsnet.data.folder import DEFAULT_TEST_FRACTION, format_skipped_warning
 from capsnet.data.image_dataset import (
@@ -27,8 +28,15 @@ from capsnet.data.transforms import center_crop
 from capsnet.models import PRESET_CROPS, make_config
 from capsnet.training import distributed
 from capsnet.training.distributed import World
-from capsnet.training.loop import StepOptions, evaluate, predict_scores, train_one_epoch
-from capsnet.training.runner import Log, Progress, Task, run_task
+from capsnet.training.loop import (
+    MakeBatch,
+    StepOptions,
+    classification_batch,
+    evaluate,
+    predict_scores,
+    train_one_epoch,  # noqa: F401  (capsnet.training.fit.train_one_epoch, as before)
+)
+from capsnet.training.runner import Log, Task, run_task
 from capsnet.training.settings import TrainSettings, validation_size
 
 # Training images a model's data-dependent initialisation sees (the first of the split)
@@ -156,22 +164,16 @@ class ClassifyTask(Task):
                 f"{len(d.val_idx)} validation, {len(d.test.labels)} test images; device "
                 f"{world.device}" + (f" x {world.size} processes" if world.distributed else ""))
 
-    def train_epoch(self, model: nn.Module, optimizer, epoch: int, world: World,
-                    on_progress: Progress) -> dict:
+    def epoch_batches(self, model: nn.Module, epoch: int, world: World
+                      ) -> tuple[torch.Tensor, MakeBatch]:
         s, device = self.settings, world.device
         order = self.data.train_idx[epoch_order(len(self.data.train_idx), s.seed, epoch, device)]
         order = distributed.shard_order(order, world.rank, world.size)  # this rank's share
         generator = torch.Generator(device=device).manual_seed(
             epoch_seed(s.seed, epoch) + 1 + world.rank)
-        options = StepOptions(distributed.per_rank_batch(s.batch_size, world), s.max_shift,
-                              s.reconstruction_weight, crop=self.data.crop,
-                              grad_scaler=self.grad_scaler,
-                              sum_over_ranks=distributed.summer(world), augment=s.augment,
-                              run_span=((epoch - 1) / s.epochs, epoch / s.epochs))
-        result = train_one_epoch(model, optimizer, self.data.train.images, self.data.train.labels,
-                                 order, options, generator, on_progress)
-        return {"train_loss": result["loss"], "train_accuracy": result["accuracy"],
-                "images": len(order)}
+        augmentation = StepOptions(max_shift=s.max_shift, crop=self.data.crop, augment=s.augment)
+        return order, classification_batch(model, self.data.train.images,
+                                           self.data.train.labels, augmentation, generator)
 
     def validate(self, model: nn.Module, world: World) -> dict:
         d, row = self.data, {}
@@ -243,5 +245,6 @@ def fit(settings: TrainSettings | None = None, resume: str | None = None,
 def save_test_scores(run_dir: str | Path, scores: torch.Tensor, labels: torch.Tensor) -> None:
     """Write scores (N, J) as float32 and labels (N,) as int64 into ``run_dir``."""
     run_dir = Path(run_dir)
-    np.save(run_dir / SCORES_FILE, scores.detach().float().cpu().numpy())
-    np.save(run_dir / LABELS_FILE, labels.detach().long().cpu().numpy())
+    for name, values in ((SCORES_FILE, scores.detach().float()),
+                         (LABELS_FILE, labels.detach().long())):
+        atomic_write(run_dir / name, lambda f, values=values: np.save(f, values.cpu().numpy()))
