@@ -146,3 +146,11 @@ def test_capsnet_train_takes_the_head_by_name_and_its_checkpoint_rebuilds(tmp_pa
     model = load_model(out / "best.pt")
     assert isinstance(model, CapsuleHeadNet) and model.config.class_names == tuple(RGB_CLASSES[:3])
     assert model(images(2, side=40)).scores.shape == (2, 3)
+
+
+def test_the_head_takes_a_bf16_backbone():
+    """Training's bf16 autocast: the backbone in bf16, the capsules in float32."""
+    model = capsnet.create_model("capshead-conv", image_size=40, in_channels=3, num_classes=3)
+    model.compute_dtype = torch.bfloat16
+    out = model(images(side=40))
+    assert out.scores.dtype == torch.float32 and torch.isfinite(out.scores).all()
