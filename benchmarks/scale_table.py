@@ -58,6 +58,17 @@ def old_parameters(size: int, classes: int) -> dict:
                                               num_classes=classes)) for name in OLD_MODELS}
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else the platform's machine type."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def millions(n: int) -> str:
     return f"{n / 1e6:,.1f}M"
 
@@ -85,7 +96,7 @@ def main(argv=None) -> int:
             row = json.loads(out.stdout.splitlines()[-1]) | {"old": old_parameters(size, classes)}
             rows.append(row)
             print(row, flush=True)
-    machine = f"{platform.processor() or platform.machine()}, {args.threads} threads"
+    machine = f"{cpu_name()}, {args.threads} thread(s)"
     heads = ["size", "classes", f"{args.model} parameters", "peak RSS (GiB)", "train img/s",
              *(f"{name} parameters" for name in OLD_MODELS)]
     lines = ["| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]

@@ -157,8 +157,9 @@ class CapsuleHead(nn.Module):
             init_std=balanced_init_std(children, cfg.num_classes, cfg.class_dim))
 
     def primary_capsules(self, features: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> squashed capsules (B, H', W', T, d), float32."""
-        out = full_precision(self.primary(features))  # (B, T*d, H', W')
+        """(B, C, H, W) -> squashed capsules (B, H', W', T, d), float32 (the features are
+        read in float32: a backbone under autocast hands over bf16 or fp16)."""
+        out = self.primary(full_precision(features))  # (B, T*d, H', W')
         B, _, H, W = out.shape
         u = out.view(B, self.types, self.dim, H, W).permute(0, 3, 4, 1, 2)  # (B, H, W, T, d)
         return squash(u)

@@ -147,8 +147,9 @@ def classification_batch(model: nn.Module, images: torch.Tensor, labels: torch.T
 def classification_loss(model: nn.Module, batch: Batch, run_fraction: float | torch.Tensor,
                         reconstruction_weight: float = 0.0005, margin_weight: float = 1.0
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's loss on a batch (x (B, C, H, W), y (B,)): margin (times ``margin_weight``),
-    spread or cross entropy, plus the weighted reconstruction; and its top-1 hits."""
+    """The model's loss on a batch (x (B, C, H, W), y (B,)): margin (times
+    ``margin_weight``), spread or cross entropy, plus the weighted reconstruction; and its
+    top-1 hits."""
     x, y = batch
     out = model(x, y)  # in the model's compute precision
     loss = model_loss(out, x, y, reconstruction_weight, run_fraction=run_fraction,
