@@ -246,8 +246,9 @@ ENTRY = ModelEntry(
     presets={
         "paper": {},
         "small": {"stem_width": 8, "stem_max_width": 64, "primary_types": 8},
-        # three routed layers: two convolutional capsule layers, then the classes
-        "deep": {"conv_caps": (16, 16)},
+        # three routed layers: two strided convolutional capsule layers (8x8 -> 4x4 -> 2x2
+        # at the stem's usual grid), then the classes
+        "deep": {"conv_caps": (16, 16), "conv_caps_stride": 2},
         # the paper's Conv1 (narrower, stride 2) and PrimaryCaps, one strided convolutional
         # capsule layer
         "conv": {"backbone": "conv1", "conv1_channels": 64, "conv1_stride": 2, "primary_kernel": 9,
