@@ -134,3 +134,23 @@ def test_calibration_starts_every_routed_layer_at_half_length():
         outputs = model.head.layer_outputs(model.features(x))
     for _, lengths in outputs[1:]:
         assert 0.3 < lengths.mean() < 0.7
+
+
+def test_capsnet_train_takes_the_head_by_name_and_its_checkpoint_rebuilds(tmp_path):
+    from capsnet.checkpoint import load_model
+    from capsnet.cli.main import main
+    from tests.test_own_data import RGB_CLASSES, make_folder, train_folder
+    data = make_folder(tmp_path / "rgb", RGB_CLASSES[:3], per_class=6, size=(40, 40))
+    out = tmp_path / "run"
+    assert main(train_folder(data, out, "--model", "capshead")) == 0
+    model = load_model(out / "best.pt")
+    assert isinstance(model, CapsuleHeadNet) and model.config.class_names == tuple(RGB_CLASSES[:3])
+    assert model(images(2, side=40)).scores.shape == (2, 3)
+
+
+def test_the_head_takes_a_bf16_backbone():
+    """Training's bf16 autocast: the backbone in bf16, the capsules in float32."""
+    model = capsnet.create_model("capshead-conv", image_size=40, in_channels=3, num_classes=3)
+    model.compute_dtype = torch.bfloat16
+    out = model(images(side=40))
+    assert out.scores.dtype == torch.float32 and torch.isfinite(out.scores).all()

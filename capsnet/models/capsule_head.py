@@ -67,7 +67,10 @@ class CapsuleHeadConfig(NormalisedDataConfig):
     coordinate_addition: bool = True
     routing: str = "dynamic"  # any capsnet.routing.ROUTERS name
     routing_iterations: int = 3
-    use_decoder: bool = False  # a decoder of C*H*W pixels: for small images only
+    # A reconstruction decoder of C*H*W pixels (as CapsNet's), for small images only: it is
+    # not switched on by training's --reconstruction-weight (at 224x224x3 it would hold 154M
+    # parameters); the head's capsules stand without it.
+    use_decoder: bool = False
     decoder_hidden: tuple[int, ...] = (512, 1024)
 
 
@@ -154,8 +157,9 @@ class CapsuleHead(nn.Module):
             init_std=balanced_init_std(children, cfg.num_classes, cfg.class_dim))
 
     def primary_capsules(self, features: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> squashed capsules (B, H', W', T, d), float32."""
-        out = full_precision(self.primary(features))  # (B, T*d, H', W')
+        """(B, C, H, W) -> squashed capsules (B, H', W', T, d), float32 (the features are
+        read in float32: a backbone under autocast hands over bf16 or fp16)."""
+        out = self.primary(full_precision(features))  # (B, T*d, H', W')
         B, _, H, W = out.shape
         u = out.view(B, self.types, self.dim, H, W).permute(0, 3, 4, 1, 2)  # (B, H, W, T, d)
         return squash(u)
@@ -242,10 +246,12 @@ ENTRY = ModelEntry(
     presets={
         "paper": {},
         "small": {"stem_width": 8, "stem_max_width": 64, "primary_types": 8},
-        # three routed layers: two convolutional capsule layers, then the classes
-        "deep": {"conv_caps": (16, 16)},
-        # the paper's Conv1 and PrimaryCaps (narrower), one strided convolutional capsule layer
-        "conv": {"backbone": "conv1", "conv1_channels": 64, "primary_kernel": 9,
+        # three routed layers: two strided convolutional capsule layers (8x8 -> 4x4 -> 2x2
+        # at the stem's usual grid), then the classes
+        "deep": {"conv_caps": (16, 16), "conv_caps_stride": 2},
+        # the paper's Conv1 (narrower, stride 2) and PrimaryCaps, one strided convolutional
+        # capsule layer
+        "conv": {"backbone": "conv1", "conv1_channels": 64, "conv1_stride": 2, "primary_kernel": 9,
                  "primary_stride": 2, "primary_types": 8, "conv_caps": (16,),
                  "conv_caps_stride": 2},
     },

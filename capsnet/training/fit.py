@@ -170,7 +170,10 @@ class ClassifyTask(Task):
         order = distributed.shard_order(order, world.rank, world.size)  # this rank's share
         generator = torch.Generator(device=device).manual_seed(
             epoch_seed(s.seed, epoch) + 1 + world.rank)
-        augmentation = StepOptions(max_shift=s.max_shift, crop=self.data.crop, augment=s.augment)
+        augmentation = StepOptions(max_shift=s.max_shift, crop=self.data.crop, augment=s.augment,
+                                   adversarial=s.adversarial,
+                                   adversarial_eps=s.adversarial_eps or 0.0,
+                                   adversarial_steps=s.adversarial_steps)
         return order, classification_batch(model, self.data.train.images,
                                            self.data.train.labels, augmentation, generator)
 

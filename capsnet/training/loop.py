@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from capsnet.attacks.training import adversarial_batch
 from capsnet.data.augment_efficient import efficient_augment
 from capsnet.data.image_dataset import to_model_input
 from capsnet.data.transforms import random_crop, random_shift
@@ -49,6 +50,10 @@ class StepOptions:
     # over the run (the spread loss's margin) take each step's; (1, 1): the final loss
     run_span: tuple[float, float] = (1.0, 1.0)
     augment: str = "shift"  # 'shift' (max_shift, or crop) or 'efficient' (Efficient-CapsNet's)
+    # adversarial training (capsnet.attacks.training): 'fgsm-rs', 'pgd' or None, its eps, steps
+    adversarial: str | None = None
+    adversarial_eps: float = 0.0
+    adversarial_steps: int = 10
 
     def __post_init__(self) -> None:
         if self.augment == "efficient" and self.crop is not None:
@@ -139,7 +144,9 @@ def classification_batch(model: nn.Module, images: torch.Tensor, labels: torch.T
     def make_batch(idx: torch.Tensor) -> Batch:
         x = augment(to_model_input(images[idx]), options, generator)  # (B, C, H, W)
         y = labels[idx]  # (B,)
-        # adversarial training would replace x here, e.g. x = adversarial_batch(model, x, y)
+        if options.adversarial is not None:  # the model's own attacked images instead
+            x = adversarial_batch(model, x, y, options.adversarial, options.adversarial_eps,
+                                  options.adversarial_steps, generator=generator)
         return x, y
     return make_batch
 
