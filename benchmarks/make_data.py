@@ -15,7 +15,10 @@ random colours per image. ``study`` writes the own-data study sets the same way,
 colours and textures carrying no label (STUDY_SETS): fashion-colour (Fashion-MNIST items at
 32x32, object and ground in random colours), mixed-20 (digits and Fashion items, 20 classes,
 28-44 px: train with --image-size 32), large-48 (Fashion items at 48x48), textured (digits in
-one colour on coloured gratings, blobs and noise at 32x32, a ground as in photos).
+one colour on coloured gratings, blobs and noise at 32x32, a ground as in photos), and the
+bigger ones of docs/bigger-images.md: translated-60 (a digit anywhere on a 60x60 canvas),
+cluttered-60 (the same among six 8x8 pieces of other digits), fashion-colour-64 (Fashion
+items at 64x64 in colour), numbers-100 (two digits side by side anywhere on 64x64: 100 classes).
 ``own-digits`` types (in an installed TrueType font) or draws (a jittered pen stroke) five
 digits per class on photo-like paper, as '<digit>_<kind>-<n>.png|jpg'; ``--score`` scores
 `capsnet predict --json` output by those names.
@@ -95,7 +98,11 @@ class StudySet:
     train: int  # training images (drawn evenly from the sources' training splits)
     test: int
     size: Callable[[np.random.Generator], int]  # side of each written image
-    ground: str  # 'flat' (one colour) or 'texture'
+    ground: str  # 'flat' (one colour), 'texture' or 'grey' (white on black, as the source)
+    # 'resize' (the item fills the image), 'translate' (at its own size, anywhere on the
+    # canvas), 'clutter' (translated, among pieces of other items) or 'pair' (two digits
+    # side by side, anywhere on the canvas: the 100 classes 00-99)
+    layout: str = "resize"
 
 
 STUDY_SETS = {
@@ -104,7 +111,15 @@ STUDY_SETS = {
                          lambda rng: int(rng.integers(28, 45)), "flat"),
     "large-48": StudySet(("fashion-mnist",), 3000, 1000, lambda rng: 48, "flat"),
     "textured": StudySet(("mnist",), 3000, 1000, lambda rng: 32, "texture"),
+    # bigger images and more classes (docs/bigger-images.md); cluttered-60 is kept out of
+    # every choice of defaults and reported apart
+    "translated-60": StudySet(("mnist",), 3000, 1000, lambda rng: 60, "grey", "translate"),
+    "cluttered-60": StudySet(("mnist",), 3000, 1000, lambda rng: 60, "grey", "clutter"),
+    "fashion-colour-64": StudySet(("fashion-mnist",), 3000, 1000, lambda rng: 64, "flat"),
+    "numbers-100": StudySet(("mnist",), 6000, 2000, lambda rng: 64, "grey", "pair"),
 }
+CLUTTER_PIECES = 6  # pieces of other digits in a cluttered image (as Mnih et al. 2014)
+CLUTTER_SIDE = 8  # their side in pixels
 
 
 def texture(side: int, rng: np.random.Generator) -> np.ndarray:
@@ -126,9 +141,57 @@ def texture(side: int, rng: np.random.Generator) -> np.ndarray:
     return PIXEL_MAX * ground / max(float(ground.max()), 1e-6)
 
 
+def placed(items: list[np.ndarray], side: int, rng: np.random.Generator) -> np.ndarray:
+    """``items`` (28, 28) side by side at a random place on a black (side, side) canvas."""
+    item = np.concatenate(items, axis=1)  # (28, 28 n)
+    canvas = np.zeros((side, side), np.uint8)
+    y = rng.integers(0, side - item.shape[0] + 1)
+    x = rng.integers(0, side - item.shape[1] + 1)
+    canvas[y:y + item.shape[0], x:x + item.shape[1]] = item
+    return canvas
+
+
+def cluttered(canvas: np.ndarray, pool: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+    """CLUTTER_PIECES random CLUTTER_SIDE-pixel pieces of items from ``pool`` added anywhere."""
+    side, piece = canvas.shape[0], CLUTTER_SIDE
+    out = canvas.copy()
+    for _ in range(CLUTTER_PIECES):
+        source = pool[rng.integers(len(pool))]
+        sy, sx = rng.integers(0, source.shape[0] - piece + 1, size=2)
+        y, x = rng.integers(0, side - piece + 1, size=2)
+        out[y:y + piece, x:x + piece] = np.maximum(out[y:y + piece, x:x + piece],
+                                                   source[sy:sy + piece, sx:sx + piece])
+    return out
+
+
+def study_pictures(images: list[np.ndarray], labels: np.ndarray, classes: list[str],
+                   spec: StudySet, rng: np.random.Generator):
+    """The pictures of a split as ``spec`` lays them out, (picture, label) pairs, and the
+    class names ('pair': '00' .. '99', two items a picture)."""
+    if spec.layout == "pair":
+        partners = rng.permutation(len(images))
+        pictures = ((study_picture(placed([images[i], images[k]], spec.size(rng), rng), spec,
+                                   rng), int(10 * labels[i] + labels[k]))
+                    for i, k in enumerate(partners))
+        return pictures, [f"{a}{b}" for a in classes for b in classes]
+    pictures = ((study_picture(laid_out(grey, images, spec, rng), spec, rng), int(label))
+                for grey, label in zip(images, labels, strict=True))
+    return pictures, classes
+
+
+def laid_out(grey: np.ndarray, pool: list[np.ndarray], spec: StudySet,
+             rng: np.random.Generator) -> np.ndarray:
+    """One grey (28, 28) item at the set's size: resized, or placed (among clutter)."""
+    if spec.layout == "resize":
+        return resized(grey, spec.size(rng))
+    canvas = placed([grey], spec.size(rng), rng)
+    return cluttered(canvas, pool, rng) if spec.layout == "clutter" else canvas
+
+
 def study_picture(grey: np.ndarray, spec: StudySet, rng: np.random.Generator) -> np.ndarray:
-    """One grey (28, 28) image resized and painted as ``spec`` says: RGB (S, S, 3) uint8."""
-    grey = resized(grey, spec.size(rng))
+    """A grey (S, S) image painted as ``spec`` says: RGB (S, S, 3) uint8 (grey: as it is)."""
+    if spec.ground == "grey":
+        return grey
     if spec.ground == "flat":
         return mix(grey, *rng.uniform(0, PIXEL_MAX, size=(2, 3)))
     return mix(grey, rng.uniform(0, PIXEL_MAX, size=3), texture(grey.shape[0], rng))
@@ -158,8 +221,7 @@ def write_study_set(name: str, out: Path, data_dir: str | None, seed: int) -> No
     for offset, (split, count) in enumerate(zip(SPLITS, (spec.train, spec.test), strict=True)):
         rng = np.random.default_rng([seed, offset, sorted(STUDY_SETS).index(name)])
         images, labels, classes = pooled_split(spec, split, count, data_dir, rng)
-        pictures = ((study_picture(grey, spec, rng), int(label))
-                    for grey, label in zip(images, labels, strict=True))
+        pictures, classes = study_pictures(images, labels, classes, spec, rng)
         written = write_folders(pictures, classes, out / name / split)
         print(f"{name}: wrote {written} {split} images of {len(classes)} classes "
               f"to {out / name / split}")

@@ -1,5 +1,5 @@
-"""Peak memory of whole training steps at the full batch against capsnet.tuning's
-estimate (one step at two small batches, extrapolated).
+"""Peak memory of whole training steps at the full batch, counted by live tensors (a run's
+own figure is read after its first step: capsnet.tuning.measure_step_memory).
 
     python -m benchmarks.memory_check              # the table of docs/gpu.md (CPU)
 
@@ -15,13 +15,50 @@ from __future__ import annotations
 
 import argparse
 import sys
+import weakref
 from pathlib import Path
 
 import torch
-
-from capsnet.tuning import LiveTensorBytes
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 MIB = 2**20
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """Bytes of tensor storages on ``device_type`` created under this mode and still alive:
+    ``current`` and the ``peak`` since it was entered (or :meth:`reset`)."""
+
+    def __init__(self, device_type: str = "cpu"):
+        super().__init__()
+        self.device_type = device_type
+        self.current = self.peak = 0
+        self._live: dict[int, int] = {}
+
+    def reset(self) -> None:
+        self.peak = self.current
+
+    def _freed(self, key: int) -> None:
+        self.current -= self._live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+                 if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
+                continue
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+            if key in given or key in self._live or storage.nbytes() == 0:
+                continue  # an input written in place or viewed, or known already
+            self._live[key] = storage.nbytes()
+            self.current += storage.nbytes()
+            self.peak = max(self.peak, self.current)
+            weakref.finalize(storage, self._freed, key)
+        return out
+
+
 
 
 def measured_peak(config, batch_size: int, precision: str = "fp32",
@@ -127,17 +164,6 @@ CHECKS = (("paper", "capsnet", {}),
           ("paper 40x40 (affNIST)", "cnn", {"image_size": 40}))
 
 
-def estimated_peak(config, batch_size: int, precision: str = "fp32", impl: str = "gemm") -> int:
-    """capsnet.tuning's estimate for a fresh model of ``config`` as ``train`` makes it."""
-    from capsnet.models import build_model
-    from capsnet.tuning import SpeedPlan, apply_plan, conv_layers, measure_training_memory
-
-    torch.manual_seed(0)
-    model = build_model(config)
-    apply_plan(model, SpeedPlan(precision, {name: impl for name, _ in conv_layers(model)}))
-    return measure_training_memory(model, batch_size).total
-
-
 def main(argv=None) -> int:
     from capsnet.models import make_config
 
@@ -149,18 +175,15 @@ def main(argv=None) -> int:
                         help="also the peak resident set of each case in a process of its own")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    print("| model | precision, path | batch | estimate MiB | measured MiB (live tensors) | "
-          "estimate / measured |" + (" peak RSS growth MiB |" if args.rss else ""))
-    print("| --- | --- | ---: | ---: | ---: | ---: |" + (" ---: |" if args.rss else ""))
+    print("| model | precision, path | batch | measured MiB (live tensors) |"
+          + (" peak RSS growth MiB |" if args.rss else ""))
+    print("| --- | --- | ---: | ---: |" + (" ---: |" if args.rss else ""))
     for label, model, overrides in CHECKS:
         config = make_config(model, label.split()[0], **overrides)
         for batch in (int(b) for b in args.batch_sizes.split(",")):
             for precision, impl in (pair.split(":") for pair in args.paths.split(",")):
-                estimate = estimated_peak(config, batch, precision, impl)
                 measured = measured_peak(config, batch, precision, impl)
-                row = (f"| {model} {label} | {precision} {impl} | {batch} | "
-                       f"{estimate / MIB:,.0f} | {measured / MIB:,.0f} | "
-                       f"{estimate / measured:.2f} |")
+                row = f"| {model} {label} | {precision} {impl} | {batch} | {measured / MIB:,.0f} |"
                 if args.rss:
                     rss = resident_peak(config, batch, precision, impl)
                     row += f" {'-' if rss is None else f'{rss / MIB:,.0f}'} |"

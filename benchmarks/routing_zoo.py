@@ -30,6 +30,7 @@ import torch
 from benchmarks import sweep
 from benchmarks.bench import describe_device, wall_clock
 from benchmarks.sweep import Column, Study, Variant, percent
+from capsnet.atomic import write_json
 from capsnet.checkpoint import model_from_checkpoint
 from capsnet.data.model_view import load_test_set
 from capsnet.data.transforms import AffineRanges
@@ -102,7 +103,7 @@ def evaluate(run: Path, row: dict, device: torch.device, measure: bool) -> dict 
                                AffineRanges(), seed=TEST_SEED)
         record["affine"] = {"accuracy": affine["accuracy"], "images": affine["images"],
                             "seed": TEST_SEED, "ranges": AffineRanges().describe()}
-    sweep.write_atomic(path, json.dumps(record, indent=2))
+    write_json(path, record)
     return record
 
 

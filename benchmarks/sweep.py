@@ -34,6 +34,8 @@ import torch
 
 from benchmarks.bench import describe_device
 from benchmarks.make_data import STUDY_SETS
+from capsnet import writers
+from capsnet.atomic import write_json
 from capsnet.cli.args import settings_from_args
 from capsnet.cli.main import build_parser
 from capsnet.devices import pick_device
@@ -182,9 +184,8 @@ def format_table(study: Study, dataset: str, rows: list[dict], targets: tuple[fl
                  else "ep {epoch}, {minutes:.1f} min".format(**r["reached"][key]))
                 for t in targets]
     columns += study.columns(dataset)
-    lines = ["| " + " | ".join(head for head, _ in columns) + " |", "|" + " --- |" * len(columns)]
-    return "\n".join(lines + ["| " + " | ".join(cell(r) for _, cell in columns) + " |"
-                              for r in rows])
+    return writers.markdown_table([head for head, _ in columns],
+                                  [[cell(r) for _, cell in columns] for r in rows])
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -219,7 +220,7 @@ def report(study: Study, args: argparse.Namespace, device: torch.device) -> dict
                 "metrics.csv, validation excluded)")
     print("\n" + "\n\n".join(text))
     write_atomic(Path(args.out_dir) / f"{study.name}.md", "\n\n".join(text))
-    write_atomic(Path(args.out_dir) / f"{study.name}.json", json.dumps(record, indent=2))
+    write_json(Path(args.out_dir) / f"{study.name}.json", record)
     return record
 
 

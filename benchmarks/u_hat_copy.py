@@ -25,7 +25,7 @@ def copied_predictions(layer: CapsuleLayer, u: torch.Tensor) -> torch.Tensor:
 def step_seconds(model, images, labels) -> float:
     start = time.perf_counter()
     out = model(images, labels)
-    margin_loss(out.lengths, labels).backward()
+    margin_loss(out.scores, labels).backward()
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - start
 

@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("predict", "Prediction"), "capsnet.inference"),
     "to_model_input": "capsnet.data.image_dataset",
     "prepare_for_model": "capsnet.preprocess",
+    "tune": "capsnet.tuning",
     # data and training
     "ImageDataset": "capsnet.data.image_dataset",
     "load_dataset": "capsnet.data.datasets",

@@ -6,6 +6,7 @@ half-written file under the real name. A leaf: imports nothing from the package.
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -40,3 +41,20 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[Any]], Any],
         write(f)
         f.flush()
         os.fsync(f.fileno())
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """``text`` as the whole of the file ``path``, atomically."""
+    atomic_write(path, lambda f: f.write(text), mode="w")
+
+
+def append_text(path: str | os.PathLike, text: str) -> None:
+    """The file ``path`` with ``text`` added at its end, atomically: rewritten whole, so
+    that an interrupted write never leaves half a line (for small files: logs, tables)."""
+    path = Path(path)
+    write_text(path, (path.read_text() if path.exists() else "") + text)
+
+
+def write_json(path: str | os.PathLike, values: Any) -> None:
+    """``values`` as indented JSON, atomically: the package's one JSON writer."""
+    write_text(path, json.dumps(values, indent=2) + "\n")

@@ -32,9 +32,13 @@ def reconstruction_loss(reconstructions: torch.Tensor, images: torch.Tensor) -> 
 
 
 def capsule_loss(output, images: torch.Tensor, labels: torch.Tensor,
-                 reconstruction_weight: float = RECONSTRUCTION_WEIGHT) -> torch.Tensor:
-    """Margin loss plus the weighted reconstruction loss of a model's output."""
+                 reconstruction_weight: float = RECONSTRUCTION_WEIGHT,
+                 margin_weight: float = 1.0) -> torch.Tensor:
+    """Margin loss (times ``margin_weight``: 0.5 in the released code, 0.5 x present + 0.25 x
+    absent) plus the weighted reconstruction loss of a model's output."""
     loss = margin_loss(output.scores.float(), labels)
+    if margin_weight != 1.0:
+        loss = margin_weight * loss
     if output.reconstructions is not None and reconstruction_weight > 0:
         loss = loss + reconstruction_weight * reconstruction_loss(output.reconstructions, images)
     return loss
@@ -69,15 +73,15 @@ def cross_entropy_loss(output, images: torch.Tensor, labels: torch.Tensor,
 
 def model_loss(output, images: torch.Tensor, labels: torch.Tensor,
                reconstruction_weight: float = RECONSTRUCTION_WEIGHT,
-               run_fraction: float = 1.0) -> torch.Tensor:
+               run_fraction: float = 1.0, margin_weight: float = 1.0) -> torch.Tensor:
     """The training loss of any model's :class:`~capsnet.models.ModelOutput`, the one its
-    ``loss`` names (the model's registry entry's): CapsNet's margin and reconstruction loss,
-    the spread loss (its margin at ``run_fraction`` of the run; 1, the final margin, outside
-    training) or cross-entropy."""
+    ``loss`` names (the model's registry entry's): CapsNet's margin (times ``margin_weight``)
+    and reconstruction loss, the spread loss (its margin at ``run_fraction`` of the run; 1,
+    the final margin, outside training) or cross-entropy."""
     if output.loss == "spread":
         return spread_loss(output.scores.float(), labels, spread_margin(run_fraction))
     if output.loss == "cross_entropy":
         return cross_entropy_loss(output, images, labels, reconstruction_weight)
     if output.loss == "margin":
-        return capsule_loss(output, images, labels, reconstruction_weight)
+        return capsule_loss(output, images, labels, reconstruction_weight, margin_weight)
     raise ValueError(f"unknown loss {output.loss!r}; choose from margin, spread, cross_entropy")

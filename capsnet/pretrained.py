@@ -9,15 +9,18 @@ config), SHA-256-verified, read from the package (``capsnet/weights/``) or the u
 (``<cache dir>/weights``); nothing is downloaded."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
 from capsnet.checkpoint import WEIGHTS_DIR, load_model
-from capsnet.config import ConfigError
+from capsnet.config import ConfigError, DataConfig
+from capsnet.data.model_view import conv1_stride_for, resolve_model
 from capsnet.data.sources import default_cache_dir, file_digest
 from capsnet.models import MODELS, PAPER, build_model, make_config
+from capsnet.models.sizing import check_fits
 
 CACHE_SUBDIR = "weights"
 
@@ -116,7 +119,10 @@ def list_models(pretrained: bool | None = None) -> list[str]:
 
 
 def create_model(name: str, pretrained: bool = False, **overrides) -> nn.Module:
-    """A model by :func:`list_models` name: fresh with checked config ``overrides``, or trained."""
+    """A model by :func:`list_models` name: fresh with checked config ``overrides``, or trained.
+    'auto' picks the model own data of that ``image_size`` and ``num_classes`` gets (as
+    ``capsnet train --model auto``); a model whose weights cannot fit this machine's memory
+    is one ConfigError line with the estimate, before anything is allocated."""
     if pretrained:
         if overrides:
             raise ConfigError(f"a pretrained model takes no config overrides "
@@ -124,6 +130,13 @@ def create_model(name: str, pretrained: bool = False, **overrides) -> nn.Module:
         return load_pretrained(name)
     model, _, preset = name.partition("-")  # 'em-small' -> ('em', 'small')
     preset = preset or PAPER
+    model = resolve_model(model, overrides.get("image_size", DataConfig.image_size),
+                          overrides.get("num_classes", DataConfig.num_classes))
     if model not in MODELS or preset not in MODELS[model].presets:
         raise ConfigError(f"unknown model name {name!r}; choose from {', '.join(list_models())}")
-    return build_model(make_config(model, preset, **overrides))
+    config = make_config(model, preset, **overrides)
+    if model == "capsnet" and "conv1_stride" not in overrides:
+        # as `capsnet train`: the data decides (own data: a stride that keeps the grid small)
+        config = dataclasses.replace(config, conv1_stride=conv1_stride_for(config, config.dataset))
+    check_fits(config, model)
+    return build_model(config)

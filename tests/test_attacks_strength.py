@@ -189,23 +189,3 @@ def test_adversarial_batch_names_the_choices(data):
     with pytest.raises(ValueError, match="choose from fgsm-rs, pgd"):
         adversarial_batch(trained("cnn"), x, y, "trades", 0.1)
 
-
-def test_the_adversarial_training_script_trains_on_adversarial_batches(tiny_mnist_dir, tmp_path,
-                                                                       monkeypatch):
-    import benchmarks.adversarial_train as script
-
-    seen = []
-
-    def counted(model, x, y, kind, eps, steps, generator=None):
-        seen.append((kind, eps, steps, x.shape))
-        return adversarial_batch(model, x, y, kind, eps, steps, generator=generator)
-
-    monkeypatch.setattr(script, "adversarial_batch", counted)
-    monkeypatch.setattr(script.fit_module, "train_one_epoch",  # restored after the test
-                        script.fit_module.train_one_epoch)
-    rc = script.main(["--kind", "pgd", "--eps", "0.2", "--steps", "2", "--", "--model", "cnn",
-                      "--preset", "tiny", "--epochs", "1", "--subset", "200", "--val-size", "50",
-                      "--data-dir", str(tiny_mnist_dir), "--no-download", "--device", "cpu",
-                      "--no-progress", "--out-dir", str(tmp_path / "run")])
-    assert rc == 0 and (tmp_path / "run" / "best.pt").is_file()
-    assert seen and all(s[:3] == ("pgd", 0.2, 2) for s in seen)

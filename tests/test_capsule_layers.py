@@ -141,8 +141,9 @@ def test_shared_class_capsules_equal_loops_with_coordinate_addition(name):
                 for x in range(W):
                     for t in range(T):
                         vote = layer.W[t, j] @ poses[b, y, x, t]
-                        vote = vote + torch.cat([torch.stack([rows[y], columns[x]]),
-                                                 vote.new_zeros(D - 2)])
+                        coordinates = torch.stack([rows[y], columns[x]])
+                        vote = vote + layer.coordinate_scale * torch.cat(
+                            [coordinates, vote.new_zeros(D - 2)])
                         slow_votes[b, j, (y * W + x) * T + t] = vote
     torch.testing.assert_close(u_hat, slow_votes)
     activations = torch.linalg.vector_norm(poses, dim=-1).reshape(2, -1) if name == "em" else None
@@ -153,7 +154,7 @@ def test_shared_class_capsules_equal_loops_with_coordinate_addition(name):
 
 def test_shared_class_capsules_parameters_do_not_grow_with_the_grid():
     layer = SharedClassCapsules(8, 8, 1000, 16, router("dynamic", 1, 1000, 16))
-    assert sum(p.numel() for p in layer.parameters()) == 8 * 1000 * 16 * 8
+    assert sum(p.numel() for p in layer.parameters()) == 8 * 1000 * 16 * 8 + 1
     assert layer(squash(torch.randn(1, 7, 7, 8, 8))).poses.shape == (1, 1000, 16)
 
 
@@ -189,3 +190,23 @@ def test_three_routed_layers_learn():
         loss.backward()
         optimizer.step()
     assert (activations.argmax(-1) == labels).float().mean() > 0.95
+
+
+@pytest.mark.parametrize("options", [{}, {"routing_full_graph": True},
+                                     {"none_of_the_above": True}])
+@pytest.mark.parametrize("coordinate_addition", [True, False])
+def test_shared_class_capsules_route_dynamically_without_the_votes(options, coordinate_addition):
+    """forward's factored dynamic routing (W after the sum) equals the router on the votes."""
+    torch.manual_seed(5)
+    H, W, T, d, J, D = 3, 2, 2, 3, 4, 5
+    layer = SharedClassCapsules(T, d, J, D, router("dynamic", H * W * T, J, D, **options),
+                                coordinate_addition, init_std=0.5).double()
+    poses = capsules(2, H, W, T, d)
+    fast = layer(poses)
+    slow = layer.route(poses)[1]
+    for f, s in zip(fast.couplings[1:], slow.couplings[1:], strict=True):
+        torch.testing.assert_close(f, s)
+    assert fast.couplings[0].shape == slow.couplings[0].shape
+    inputs = (poses, layer.W, *([layer.coordinate_scale] if coordinate_addition else []))
+    assert_same_with_gradients((fast.poses, fast.activations), (slow.poses, slow.activations),
+                               inputs)

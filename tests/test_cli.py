@@ -149,7 +149,7 @@ def test_evaluate_json(full_run, tiny_mnist_dir, capsys):
                  "--data-dir", str(tiny_mnist_dir), "--json"])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["images"] == TEST_IMAGES
+    assert report["images"] == TEST_IMAGES and report["precision"] in ("fp32", "bf16")
     assert 0 <= report["accuracy"] <= 1
     assert report["error"] == pytest.approx(1 - report["accuracy"])
     confusion = torch.tensor(report["confusion"])
@@ -164,9 +164,10 @@ def test_evaluate_json(full_run, tiny_mnist_dir, capsys):
 def test_evaluate_text_report(full_run, tiny_mnist_dir, capsys):
     capsys.readouterr()
     assert main(["evaluate", str(full_run / "last.pt"), "--no-download",
-                 "--data-dir", str(tiny_mnist_dir)]) == 0
+                 "--data-dir", str(tiny_mnist_dir), "--precision", "fp32"]) == 0
     out = capsys.readouterr().out
     assert "accuracy" in out and "per-class accuracy" in out and "confusion matrix" in out
+    assert "images, precision fp32: --precision to choose)" in out  # says what it chose
 
 
 @pytest.mark.parametrize("command", ["train", "evaluate"])
@@ -184,7 +185,7 @@ def test_missing_data_is_a_one_line_error_naming_the_files(command, full_run, tm
 
 @pytest.mark.parametrize("options, match", [
     (["--model", "efficient", "--routing", "inverted-attention"],
-     "--routing is not an option of --model efficient (only of --model capsnet)"),
+     "--routing is not an option of --model efficient (only of --model capsnet, capshead)"),
     (["--routing", "self-attention", "--routing-iterations", "2"],
      "self-attention routing takes no routing_iterations; it is an option of dynamic, "),
     (["--model", "cnn", "--input-norm", "image"],
@@ -238,7 +239,8 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoint(
     assert code == 1
     err = error_line(capsys)
     assert "training loss became nan" in err and "last.pt" in err and "(epoch 1)" in err
-    assert len(training_steps) == 2 * steps_per_epoch  # stopped within epoch 2
+    # stopped at epoch 2's first read-back, after its first step
+    assert len(training_steps) == steps_per_epoch + 1
     payload = load_checkpoint(run / "last.pt")
     assert payload["epoch"] == 1
     assert all(torch.isfinite(t).all() for t in payload["state_dict"].values())

@@ -28,7 +28,8 @@ class ShapesCapsNet(nn.Module):
         u = self.primary(torch.relu(self.conv1(x)))  # (B, 480, 8)
         routed = self.digits(u)  # poses (B, 5, 16), activations (B, 5)
         keep = labels if labels is not None else routed.activations.argmax(dim=-1)  # (B,)
-        return routed.activations, self.decoder(routed.poses, keep)  # (B, 5), (B, 3, 64, 48)
+        return capsnet.ModelOutput(routed.activations, routed.poses,  # (B, 5), (B, 5, 16)
+                                   self.decoder(routed.poses, keep))  # (B, 3, 64, 48)
 
 
 def coloured_blocks(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,8 +46,9 @@ def coloured_blocks(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("lazy", [True, False])
 def test_the_capsule_count_is_read_or_computed_alike(lazy):
     model = ShapesCapsNet(lazy)
-    lengths, reconstructions = model(torch.rand(2, CHANNELS, HEIGHT, WIDTH))
-    assert lengths.shape == (2, CLASSES) and reconstructions.shape == (2, CHANNELS, HEIGHT, WIDTH)
+    out = model(torch.rand(2, CHANNELS, HEIGHT, WIDTH))
+    assert out.scores.shape == (2, CLASSES)
+    assert out.reconstructions.shape == (2, CHANNELS, HEIGHT, WIDTH)
     assert model.digits.W.shape == (8 * 10 * 6, CLASSES, 16, 8)  # 8 types on a 10 x 6 grid
 
 
@@ -60,9 +62,7 @@ def test_own_capsule_net_on_non_square_colour_images_learns():
     for step in range(STEPS):
         batch = slice((step * BATCH) % len(images), (step * BATCH) % len(images) + BATCH)
         x, y = images[batch], labels[batch]
-        lengths, reconstructions = model(x, y)
-        loss = (capsnet.margin_loss(lengths, y)
-                + 0.0005 * capsnet.reconstruction_loss(reconstructions, x))
+        loss = capsnet.model_loss(model(x, y), x, y)  # margin + 0.0005 x reconstruction
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
@@ -70,8 +70,8 @@ def test_own_capsule_net_on_non_square_colour_images_learns():
     first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
     assert last < 0.5 * first, losses
     with torch.no_grad():
-        lengths, _ = model(images)
-    assert (lengths.argmax(-1) == labels).float().mean() > 0.9
+        scores = model(images).scores
+    assert (scores.argmax(-1) == labels).float().mean() > 0.9
 
 
 def test_a_wrong_input_size_is_one_line_naming_the_expected_shape():

@@ -10,7 +10,6 @@ import torch
 from capsnet.devices import backend_flags, check_cuda_device, describe_machine
 from capsnet.models import CapsNet, CapsNetConfig
 from capsnet.training.distributed import cuda_index_for
-from capsnet.tuning import PROBE_BATCHES, probe_steps
 
 CPU = torch.device("cpu")
 
@@ -55,17 +54,6 @@ def test_backend_flags_keep_matmuls_float32_and_offer_deterministic_cudnn():
 
 
 # --- devices ----------------------------------------------------------------------------------
-
-def test_the_memory_probe_measures_no_first_step_at_a_shape_on_cuda():
-    """cuDNN searches its algorithms at a shape's first step: the measured steps (the second
-    and the last) each follow one of their own shape there; on a CPU the first step at the
-    small batch is enough (it makes the gradients and Adam's moments)."""
-    for cuda in (True, False):
-        steps = probe_steps(cuda)
-        measured = (steps[1], steps[-1])
-        assert measured == PROBE_BATCHES and steps[0] == steps[1]
-        assert (steps[-2] == steps[-1]) == cuda
-
 
 def test_a_cuda_device_that_is_not_there_is_one_clear_line():
     with pytest.raises(ValueError, match="CUDA is not available.*--device cpu"):

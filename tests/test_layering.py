@@ -14,12 +14,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "capsnet"
 # from its own files and from parts of lower layers. "capsnet" is the package's __init__.
 LAYERS = [
     ["config", "atomic", "squashing", "extras"],  # leaves
-    ["routing", "data", "devices", "losses"],
+    ["routing", "data", "devices", "losses", "writers"],
     ["layers"],
     ["models"],  # assemblies and their registry
-    ["checkpoint", "tuning", "preprocess", "routing_trace"],
+    ["checkpoint", "tuning", "preprocess", "routing_trace", "attacks"],
     ["pretrained", "inference", "training", "export"],
-    ["experiments", "attacks"],
+    ["experiments"],
     ["figures"],
     ["capsnet"],  # the package's public names
     ["web"],

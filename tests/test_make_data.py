@@ -55,3 +55,27 @@ def test_own_digits_are_made_and_scored(tmp_path, capsys):
     (tmp_path / "own.json").write_text(json.dumps(predictions))
     assert make_data.score(tmp_path / "own.json") == pytest.approx(19 / 20)
     assert f"{Path(files[0]).name}: predicted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["translated-60", "cluttered-60", "numbers-100"])
+def test_bigger_sets_place_their_items_and_label_pairs(name):
+    """Translated and cluttered digits keep the whole item on the canvas; a pair's label is
+    10 x first + second, its class named by the two digits."""
+    spec = make_data.STUDY_SETS[name]
+    rng = np.random.default_rng(0)
+    items = [np.full((28, 28), 10 * (k + 1), np.uint8) for k in range(4)]  # four flat items
+    labels = np.array([1, 2, 3, 4])
+    pictures, classes = make_data.study_pictures(items, labels, [str(k) for k in range(10)],
+                                                 spec, rng)
+    pictures = list(pictures)
+    assert all(p.shape == (spec.size(rng),) * 2 for p, _ in pictures)
+    if name == "numbers-100":
+        assert len(classes) == 100 and classes[42] == "42"
+        for picture, label in pictures:  # both items' values appear, in label order
+            first, second = divmod(label, 10)
+            assert {10 * first, 10 * second} <= set(np.unique(picture).tolist())
+    else:
+        for (picture, label), item in zip(pictures, items, strict=True):
+            assert label in labels and (picture == item[0, 0]).sum() >= 28 * 28 - (
+                make_data.CLUTTER_PIECES * make_data.CLUTTER_SIDE ** 2 if "clutter" in name
+                else 0)

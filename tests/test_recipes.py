@@ -39,8 +39,8 @@ def test_the_fast_recipe_fills_what_is_not_given():
     assert s.lr == pytest.approx(FAST_RECIPE.lr_scale * 1e-3)
     assert TrainSettings(recipe="fast", model="cnn").lr == pytest.approx(
         FAST_RECIPE.lr_scale * 1e-4)  # the wide CNN's own rate, scaled alike
-    given = TrainSettings(recipe="fast", epochs=4, lr=1e-3, ema_decay=0.0, schedule="onecycle")
-    assert (given.epochs, given.lr, given.ema_decay, given.schedule) == (4, 1e-3, 0.0, "onecycle")
+    given = TrainSettings(recipe="fast", epochs=4, lr=1e-3, ema_decay=0.0, schedule="exp")
+    assert (given.epochs, given.lr, given.ema_decay, given.schedule) == (4, 1e-3, 0.0, "exp")
     assert PAPER_RECIPE.epochs == 10
 
 
@@ -54,7 +54,9 @@ def test_settings_saved_before_recipes_load_as_the_paper_recipe():
 @pytest.mark.parametrize("bad, match", [
     ({"recipe": "slow"}, "unknown recipe"), ({"schedule": "step"}, "unknown schedule"),
     ({"ema_decay": 1.0}, "ema_decay"), ({"warmup_epochs": -1.0}, "warmup_epochs"),
-    ({"warmup_epochs": 11.0}, "warmup_epochs"),
+    ({"warmup_epochs": 11.0}, "warmup_epochs"), ({"epochs": 0}, "epochs must be at least 1"),
+    ({"schedule": "onecycle"}, "choose from exp, cosine"),
+    ({"cuda_graph": True, "precision": "fp16"}, "cuda_graph"),
 ])
 def test_unworkable_schedules_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -63,11 +65,11 @@ def test_unworkable_schedules_are_refused(bad, match):
 
 def test_cli_options_switch_one_ingredient_at_a_time():
     args = build_parser().parse_args(["train", "--recipe", "fast", "--ema-decay", "0",
-                                      "--schedule", "onecycle", "--warmup-epochs", "2.5",
+                                      "--schedule", "exp", "--warmup-epochs", "2.5",
                                       "--no-ema-warmup", "--batch-size", "64"])
     s = settings_from_args(args)
     assert (s.recipe, s.ema_decay, s.schedule, s.warmup_epochs, s.ema_warmup, s.batch_size) == (
-        "fast", 0.0, "onecycle", 2.5, False, 64)
+        "fast", 0.0, "exp", 2.5, False, 64)
     assert s.epochs == FAST_RECIPE.epochs and s.min_lr == FAST_RECIPE.min_lr
     repeat = settings_from_args(build_parser().parse_args(["repeat", "--recipe", "fast"]))
     assert repeat.recipe == "fast" and repeat.ema_decay == FAST_RECIPE.ema_decay
@@ -129,8 +131,7 @@ def test_fast_cli_run_stopped_and_resumed_equals_an_uninterrupted_one(tiny_mnist
     two): weights, EMA, optimiser, schedule and losses as if never stopped."""
     common = ["train", "--recipe", "fast", "--preset", "small", "--data-dir",
               str(tiny_mnist_dir), "--no-download", "--subset", "100", "--val-size", "50",
-              "--batch-size", "20", "--epochs", "2", "--no-progress", "--precision", "fp32",
-              "--schedule", "onecycle"]
+              "--batch-size", "20", "--epochs", "2", "--no-progress", "--precision", "fp32"]
     full, part = tmp_path / "full", tmp_path / "part"
     assert main([*common, "--out-dir", str(full)]) == 0
     assert main([*common, "--out-dir", str(part), "--time-limit", "1e-9"]) == 0

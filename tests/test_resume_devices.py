@@ -17,7 +17,7 @@ from capsnet.models import build_model, make_config
 from capsnet.training import TrainSettings, fit
 from capsnet.training import runner as runner_module
 from capsnet.training.distributed import cuda_rng_state_for, rng_state, set_rng_state
-from capsnet.training.loop import backward_and_step
+from capsnet.training.loop import train_step
 from capsnet.training.settings import resumed_settings
 
 
@@ -135,11 +135,14 @@ def test_the_scaler_skips_a_step_whose_gradients_overflowed():
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
     before = model.weight.detach().clone()
-    loss = model(torch.full((1, 3), 1e38)).sum() * 1e10  # inf once scaled
-    backward_and_step(loss, optimizer, scaler)
+    def summed(model, batch, run_fraction):
+        return model(batch[0]).sum() * batch[1], torch.zeros(())
+
+    overflowing = (torch.full((1, 3), 1e38), torch.tensor(1e10))  # inf once scaled
+    train_step(model, optimizer, summed, overflowing, 1.0, grad_scaler=scaler)
     assert torch.equal(model.weight, before) and scaler.get_scale() == 2.0**15
-    optimizer.zero_grad()
-    backward_and_step(model(torch.ones(1, 3)).sum(), optimizer, scaler)
+    train_step(model, optimizer, summed, (torch.ones(1, 3), torch.tensor(1.0)), 1.0,
+               grad_scaler=scaler)
     assert not torch.equal(model.weight, before)
 
 

@@ -36,11 +36,11 @@ class ScriptedTask(Task):
     def describe(self, world):
         return "scripted"
 
-    def train_epoch(self, model, optimizer, epoch, world, on_progress):
-        optimizer.zero_grad()
-        model(torch.rand(2, 1, 28, 28)).square().sum().backward()
-        optimizer.step()
-        return {"train_loss": 0.0, "train_accuracy": 0.0, "images": 2}
+    def epoch_batches(self, model, epoch, world):
+        return torch.arange(2), lambda idx: (torch.rand(len(idx), 1, 28, 28),)
+
+    def batch_loss(self, model, batch, run_fraction):
+        return model(batch[0]).scores.square().sum(), torch.zeros((), dtype=torch.long)
 
     def validate(self, model, world):
         return {"val_accuracy": next(self.scores)}
@@ -160,3 +160,31 @@ def test_keep_every_keeps_those_epochs_checkpoints_and_can_be_turned_on_when_res
 def test_keep_every_must_be_positive():
     with pytest.raises(ValueError, match="keep_every"):
         TrainSettings(keep_every=0)
+
+
+def test_a_run_checkpointed_every_two_epochs_resumes_from_the_last_one_exactly(
+        tiny_mnist_dir, tmp_path, monkeypatch):
+    """--checkpoint-every 2 over 4 epochs, interrupted in epoch 4: last.pt holds epoch 2, the
+    resume drops epoch 3's row and redoes it, and the run ends as an uninterrupted one."""
+    from capsnet.training import fit, runner
+
+    full, part = tmp_path / "full", tmp_path / "part"
+    fit(protocol_settings(tiny_mnist_dir, full, 4, checkpoint_every=2), log=lambda _: None)
+    real, epochs = runner.run_epoch, []
+
+    def interrupted_in_epoch_4(*args, **kwargs):
+        epochs.append(1)
+        if len(epochs) == 4:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_epoch", interrupted_in_epoch_4)
+    with pytest.raises(KeyboardInterrupt):
+        fit(protocol_settings(tiny_mnist_dir, part, 4, checkpoint_every=2), log=lambda _: None)
+    assert load_checkpoint(part / "last.pt")["epoch"] == 2
+    assert [r["epoch"] for r in read_metrics(part)] == [1, 2, 3]
+    monkeypatch.setattr(runner, "run_epoch", real)
+    fit(protocol_settings(tiny_mnist_dir, part, 4, checkpoint_every=2), resume=str(part),
+        log=lambda _: None)
+    assert [r["epoch"] for r in read_metrics(part)] == [1, 2, 3, 4]
+    assert_same_run(part, full)

@@ -24,11 +24,6 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, floor: float) 
     return Schedule("cosine", warmup_steps, total_steps, floor, steps_per_epoch=1, decay=1.0)(step)
 
 
-def one_cycle(step: int, warmup_steps: int, total_steps: int, floor: float) -> float:
-    return Schedule("onecycle", warmup_steps, total_steps, floor, steps_per_epoch=1,
-                    decay=1.0)(step)
-
-
 def exp_staircase(step: int, warmup_steps: int, steps_per_epoch: int, decay: float,
                   floor: float = 0.0) -> float:
     return Schedule("exp", warmup_steps, 0, floor, steps_per_epoch, decay)(step)
@@ -44,15 +39,6 @@ def exp_staircase(step: int, warmup_steps: int, steps_per_epoch: int, decay: flo
 def test_warmup_cosine_by_hand(step, expected):
     value = warmup_cosine(step, warmup_steps=4, total_steps=12, floor=0.01)
     assert value == pytest.approx(expected)
-
-
-@pytest.mark.parametrize("step, expected", [
-    (0, 0.04),  # one-cycle starts at the peak / 25
-    (2, 1 - 0.96 * 0.5),  # half-way up: 1 + (0.04 - 1) (1 + cos(pi / 2)) / 2
-    (4, 1.0), (8, 0.505), (12, 0.01),
-])
-def test_one_cycle_by_hand(step, expected):
-    assert one_cycle(step, warmup_steps=4, total_steps=12, floor=0.01) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("step, expected", [(0, 0.5), (1, 1.0), (4, 1.0), (5, 0.5), (12, 0.25)])
@@ -144,17 +130,17 @@ def test_a_schedule_resumed_with_more_epochs_ends_at_the_new_end():
     # step 12 of 24: half-way through 20 annealing steps, cos(pi 8 / 20)
     assert extended_optimizer.param_groups[0]["lr"] == pytest.approx(
         2.0 * (0.01 + 0.99 * (1 + math.cos(math.pi * 0.4)) / 2))
-    # fewer epochs than planned anneal faster: the one-cycle given 4 epochs ends at step 16
-    cycle = TrainSettings(recipe="fast", schedule="onecycle", epochs=6, lr=2.0, min_lr=0.02,
+    # fewer epochs than planned anneal faster: the cosine given 4 epochs ends at step 16
+    cycle = TrainSettings(recipe="fast", schedule="cosine", epochs=6, lr=2.0, min_lr=0.02,
                           warmup_epochs=1)
     cycle_optimizer = adam(cycle.lr)
     cycle_scheduler = make_scheduler(cycle_optimizer, cycle, steps_per_epoch=4)
     rates(cycle_optimizer, cycle_scheduler, 6)
-    shorter = TrainSettings(recipe="fast", schedule="onecycle", epochs=4, lr=2.0,
+    shorter = TrainSettings(recipe="fast", schedule="cosine", epochs=4, lr=2.0,
                             min_lr=0.02, warmup_epochs=1)
     short_optimizer, short, _ = restored(shorter, cycle_optimizer, cycle_scheduler)
     assert rates(short_optimizer, short, 10) == pytest.approx(
-        [2.0 * one_cycle(s, 4, 16, 0.01) for s in range(6, 16)])
+        [2.0 * warmup_cosine(s, 4, 16, 0.01) for s in range(6, 16)])
 
 
 def test_the_exp_staircase_does_not_depend_on_the_run_length():

@@ -108,7 +108,7 @@ def test_train_one_epoch_reports_and_updates():
                              StepOptions(batch_size=16, check_every=2), torch.Generator(),
                              on_progress=lambda *a: progress.append(a))
     assert result["steps"] == 4 and result["loss"] > 0 and 0 <= result["accuracy"] <= 1
-    assert [p[0] for p in progress] == [32, 64]  # read back every 2 steps
+    assert [p[0] for p in progress] == [16, 32, 64]  # after the first step, then every 2
     assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=False))
     assert model.training
 
@@ -166,13 +166,21 @@ def test_best_checkpoint_is_chosen_by_validation_not_test(tiny_mnist_dir, tmp_pa
     val_by_epoch = {1: 0.50, 2: 0.90, 3: 0.70}
     test_by_epoch = {1: 0.10, 2: 0.20, 3: 0.99}  # monitoring only: must never be used
 
-    def planted_epoch(task, step_model, training, epoch, world):
+    epochs = []
+
+    def planted_epoch(step, order, make_batch, options, scheduler, on_progress):
+        epochs.append(len(epochs) + 1)
+        return {"loss": 0.1, "accuracy": 0.5, "steps": 1}
+
+    def planted_validation(task, training, world):
+        epoch = epochs[-1]
         with torch.no_grad():  # mark the weights with the epoch that produced them
             unwrap(training.model).conv1.bias.fill_(float(epoch))
-        training.optimizer.step()  # no gradients: a no-op that keeps the scheduler content
-        return row(epoch, val_by_epoch[epoch], test_accuracy_monitoring=test_by_epoch[epoch])
+        return {"val_loss": 0.1, "val_accuracy": val_by_epoch[epoch],
+                "test_accuracy_monitoring": test_by_epoch[epoch]}
 
-    monkeypatch.setattr(runner, "_train_and_validate", planted_epoch)
+    monkeypatch.setattr(runner, "run_epoch", planted_epoch)
+    monkeypatch.setattr(runner, "validate", planted_validation)
     settings = TrainSettings(preset="small", data_dir=str(tiny_mnist_dir), download=False,
                              epochs=3, val_size=100, monitor_test=True, out_dir=str(tmp_path),
                              progress=False)

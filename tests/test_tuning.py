@@ -127,3 +127,18 @@ def test_inference_plan_is_batch_invariant():
         alone = torch.cat([model(images[i:i + 1]).scores for i in range(0, INFERENCE_BATCH, 9)])
     torch.testing.assert_close(alone, batch[::9], rtol=0, atol=1e-3)
     assert torch.equal(alone.argmax(-1), batch[::9].argmax(-1))
+
+
+@pytest.mark.parametrize("native, dtype", [(True, torch.bfloat16), (False, None)])
+def test_capsnet_tune_makes_a_model_of_ones_own_compute_as_train_does(monkeypatch, native,
+                                                                       dtype):
+    import capsnet
+
+    monkeypatch.setattr(plan_module, "native_bf16", lambda device: native)
+    monkeypatch.setattr(plan_module, "tune_backends", lambda device: None)  # process-wide
+    model = capsnet.create_model("capsnet-small")
+    plan = capsnet.tune(model)  # on the device of its parameters
+    assert model.compute_dtype == dtype and plan.source == "rule"
+    assert {name: conv.impl for name, conv in conv_layers(model)} == plan.conv_impls == {
+        "conv1": "gemm", "primary_caps.conv": "gemm"}
+    assert plan.describe().startswith(f"precision {'bf16' if native else 'fp32'}")

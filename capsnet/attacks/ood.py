@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from capsnet import writers
 from capsnet.attacks.detection import Detector, auroc, image_scores
 
 NOISE_STD = 0.3  # Gaussian pixel noise
@@ -58,10 +59,8 @@ def ood_row(label: str, model, detectors: list[Detector], clean_images: torch.Te
 def ood_markdown(rows: list[dict]) -> str:
     """The OOD rows as a Markdown table of AUROCs, one column per detector."""
     detectors = sorted({d for r in rows for d in r["auroc"]})
-    lines = ["| model | shift | n | " + " | ".join(f"{d} AUROC" for d in detectors) + " |",
-             "|" + "---|" * (3 + len(detectors))]
-    for r in rows:
-        cells = [f"{r['auroc'][d]:.3f}" if d in r["auroc"] else "" for d in detectors]
-        lines.append(f"| {r['model']} | {r['shift']} | {r['n_shifted']} | "
-                     + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    head = ["model", "shift", "n", *(f"{d} AUROC" for d in detectors)]
+    return writers.markdown_table(head, [
+        [r["model"], r["shift"], r["n_shifted"],
+         *(f"{r['auroc'][d]:.3f}" if d in r["auroc"] else "" for d in detectors)]
+        for r in rows])

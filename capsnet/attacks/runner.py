@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from capsnet.atomic import atomic_write
+from capsnet import writers
+from capsnet.atomic import write_json
 from capsnet.attacks.detection import Detector, detection_metrics, image_scores
 from capsnet.attacks.objectives import predict
 from capsnet.attacks.registry import DEFAULT_SETTINGS, AttackSettings, attack_spec, run_attack
@@ -88,11 +89,6 @@ def attack_row(label: str, model: nn.Module, attack: str, eps: float, x: torch.T
     return row
 
 
-def write_json(obj, path: Path) -> None:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
-    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
-
-
 def run_grid(models: Sequence[tuple[str, nn.Module]], attacks: Sequence[str],
              eps_values: Sequence[float], x: torch.Tensor, y: torch.Tensor,
              settings: AttackSettings, out_dir: str | Path,
@@ -117,7 +113,7 @@ def run_grid(models: Sequence[tuple[str, nn.Module]], attacks: Sequence[str],
                 row = attack_row(label, model, attack, eps, x, y, settings,
                                  (detectors or {}).get(label, ()), source_model, source_label,
                                  minimal_norm_cache)
-                write_json(row, path)
+                write_json(path, row)
                 rows.append(row)
                 log(f"{label} {attack} eps {eps:g}: robust accuracy "
                     f"{PERCENT * row['robust_accuracy']:.1f}% ({row['seconds']:.1f} s)")
@@ -132,7 +128,7 @@ def markdown_table(rows: Sequence[dict]) -> str:
     head = ["model", "attack", "loss", "eps", "steps", "n", "clean %", "robust %",
             "success %", "s"]
     head += [f"{d} {m}" for d in detectors for m in ("S_d %", "TPR %", "test FPR %", "AUROC")]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for r in rows:
         cells = [r["model"], r["attack"] + (" (targeted)" if r["targeted"] else "")
                  + (f" from {r['source']}" if r["source"] else ""), r["loss"], f"{r['eps']:g}",
@@ -144,8 +140,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
             cells += ([f"{PERCENT * m['S_d']:.1f}", f"{PERCENT * m['tpr']:.1f}",
                        f"{PERCENT * m['test_fpr']:.1f}", f"{m['auroc']:.3f}"]
                       if m else ["", "", "", ""])
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return writers.markdown_table(head, lines)
 
 
 def accuracy_under(attack: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor,

@@ -7,6 +7,7 @@ import sys
 
 from torch import nn
 
+from capsnet.attacks.training import ADVERSARIAL_KINDS
 from capsnet.checkpoint import CheckpointError, load_model
 from capsnet.config import INPUT_NORMS, ConfigError
 from capsnet.data.datasets import DATASET_NAMES
@@ -139,6 +140,15 @@ def add_recipe_args(p: argparse.ArgumentParser, models: tuple[str, ...] | None =
                    help="CapsNet with an iterative router, and EM (default: 3)")
     p.add_argument("--reconstruction-weight", type=float, default=DEFAULTS.reconstruction_weight,
                    help="0 trains CapsNet without the decoder")
+    p.add_argument("--adversarial", default=None, choices=ADVERSARIAL_KINDS,
+                   help="adversarial training: each batch replaced by the model's own attacked "
+                        "images, 'fgsm-rs' (fast adversarial training, FGSM from a random "
+                        "start) or 'pgd' (--adversarial-steps steps); needs --adversarial-eps")
+    p.add_argument("--adversarial-eps", type=float, default=None,
+                   help="--adversarial: the L-inf radius (e.g. 0.3 on MNIST, 0.1 on "
+                        "Fashion-MNIST)")
+    p.add_argument("--adversarial-steps", type=int, default=None,
+                   help="--adversarial pgd: steps of the attack (default 10)")
     p.add_argument("--cnn-decoder", default=DEFAULTS.cnn_decoder, choices=CNN_DECODERS,
                    help="--model cnn: a reconstruction decoder fed the last hidden layer, "
                         "'plain' (CNN+R) or 'class-conditional' (CNN+CR; Qin et al. 2020)")
@@ -151,7 +161,11 @@ def add_recipe_args(p: argparse.ArgumentParser, models: tuple[str, ...] | None =
                         f"than {DEFAULT_VAL_SIZE * VAL_FRACTION_INVERSE})")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     add_model_args(p, checkpoint=None)
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model with its loss")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="on a CUDA GPU, capture the whole training step (forward, loss, "
+                        "backward, Adam, EMA) once as a CUDA graph and replay it; elsewhere "
+                        "the same step runs as it is")
     p.add_argument("--no-progress", dest="progress", action="store_false")
 
 
@@ -189,14 +203,12 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
                         f"Efficient-CapsNet's paper recipe; with --resume: the run's own unless "
                         f"given)")
     p.add_argument("--schedule", default=None, choices=SCHEDULES,
-                   help="learning rate: exp (x --lr-decay after each epoch, the paper's), "
-                        "cosine (down to --min-lr at the last step) or onecycle (a cosine "
-                        "from lr/25 up over the warm-up, then down to --min-lr); all but exp "
-                        "without warm-up are set every step")
+                   help="learning rate: exp (x --lr-decay after each epoch, the paper's) or "
+                        "cosine (down to --min-lr at the last step, set every step)")
     p.add_argument("--warmup-epochs", type=float, default=None, metavar="F",
                    help="linear warm-up to the peak rate over F epochs, set every step")
     p.add_argument("--min-lr", type=float, default=None,
-                   help=f"the rate's floor: cosine/onecycle end there, exp stops decaying "
+                   help=f"the rate's floor: cosine ends there, exp stops decaying "
                         f"there (default: the recipe's; {paper.min_lr:g} in the paper recipe, "
                         f"{efficient.min_lr:g} in Efficient-CapsNet's)")
     p.add_argument("--ema-decay", type=float, default=None, metavar="F",
@@ -241,6 +253,14 @@ def add_image_args(p: argparse.ArgumentParser) -> None:
                         "them, instead of stopping at the first")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line (``prog: error: ...``, naming the valid
+    choices of a bad one) without the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def add_run_args(p: argparse.ArgumentParser, out_dir: str) -> None:
     """Where a run goes, and --resume."""
     p.add_argument("--out-dir", default=None,
@@ -257,6 +277,9 @@ def add_run_args(p: argparse.ArgumentParser, out_dir: str) -> None:
                    help="also keep the checkpoint of every N-th epoch as epoch-NNN.pt in the "
                         "run directory, e.g. to compare models at a matched validation "
                         "accuracy later (metrics.csv lists each epoch's)")
+    p.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
+                   help="write last.pt every N epochs (and after the last and before a stop; "
+                        "best.pt whenever validation improves); a resume goes on from it")
     p.set_defaults(default_out_dir=out_dir)
 
 

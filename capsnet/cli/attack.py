@@ -11,11 +11,12 @@ from pathlib import Path
 import torch
 
 from capsnet import attacks
+from capsnet.atomic import write_json
 from capsnet.attacks.capsule import diagnosis
 from capsnet.attacks.detection import DETECTION_FPR
 from capsnet.attacks.objectives import ENSEMBLE_LOSSES, LOSS_CHOICES
 from capsnet.attacks.ood import CORRUPTIONS, ood_markdown, ood_row
-from capsnet.attacks.runner import ROWS_DIR, write_json
+from capsnet.attacks.runner import ROWS_DIR
 from capsnet.checkpoint import load_model
 from capsnet.cli import args as cli_args
 from capsnet.data.datasets import load_split
@@ -173,7 +174,7 @@ def run_attack_grid(args: argparse.Namespace, argv: list[str]) -> int:
     # commands into it, so that several commands build one table and lose nothing
     results = _folder_results(out, "capsnet " + " ".join(argv), ood, sanity)
     results.update(n=len(y), seed=args.seed, settings=vars(settings))
-    write_json(results, out / "results.json")
+    write_json(out / "results.json", results)
     (out / "table.md").write_text(_tables(results) + "\n")
     _figures(args, named, results["rows"], x, y, settings, out)
     if args.json:

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from capsnet.atomic import write_text
 from capsnet.cli import args as cli_args
 from capsnet.data.datasets import load_split
 from capsnet.data.image_dataset import ImageDataset
@@ -108,7 +109,7 @@ def run_robustness(args: argparse.Namespace, argv: list[str]) -> int:
     affine_label = f"affine (seed {args.affine_seed})"
     out = Path(args.out_dir)
     robustness.write_csv(rows, out / "robustness.csv")
-    (out / "table.md").write_text(robustness.markdown_table(rows, affine_label) + "\n")
+    write_text(out / "table.md", robustness.markdown_table(rows, affine_label) + "\n")
     dataset = args.dataset or smallest.model.config.dataset
     title = f"{dataset} test ({len(test)} images)\naffine set: {ranges.describe()}"
     rotation_figure(rows, out / "robustness.png", title)

@@ -7,7 +7,7 @@ import sys
 
 from capsnet import __version__
 from capsnet.cli import attack, deploy, experiments, pictures, predict, training
-from capsnet.cli.args import USER_ERRORS
+from capsnet.cli.args import USER_ERRORS, OneLineParser
 from capsnet.config import ConfigError
 from capsnet.devices import keep_freed_memory
 
@@ -23,7 +23,7 @@ USAGE_ERROR = 2  # argparse's exit status for a wrong command line
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="capsnet", description="Capsule Networks "
+    parser = OneLineParser(prog="capsnet", description="Capsule Networks "
                                      "(Sabour, Frosst & Hinton 2017) on MNIST, in PyTorch.")
     parser.add_argument("--version", action="version", version=f"capsnet {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

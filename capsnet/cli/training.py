@@ -11,6 +11,7 @@ from capsnet.training.fit import fit
 from capsnet.training.loop import evaluate
 from capsnet.training.repeat import repeat_recipe
 from capsnet.training.settings import AUGMENTATIONS
+from capsnet.tuning import current_plan
 
 
 def add_train(subparsers) -> None:
@@ -62,13 +63,15 @@ def run_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
     result = evaluate(model, test.images, test.labels, batch_size=args.batch_size)
     report = {"checkpoint": str(args.checkpoint or DEFAULT_WEIGHTS),
               "dataset": args.dataset or model.config.dataset, "images": len(test),
-              "classes": list(test.classes), **result.as_dict()}
+              "classes": list(test.classes), "precision": current_plan(model).precision,
+              **result.as_dict()}
     print(json.dumps(report) if args.json else format_report(report, test.classes))
     return 0
 
 
 def format_report(report: dict, classes: tuple[str, ...]) -> str:
-    lines = [f"{report['checkpoint']} on {report['dataset']} test ({report['images']} images)",
+    lines = [f"{report['checkpoint']} on {report['dataset']} test ({report['images']} images, "
+             f"precision {report['precision']}: --precision to choose)",
              f"accuracy {report['accuracy']:.4f}   error {100 * report['error']:.2f}%", "",
              "per-class accuracy:"]
     width = max(len(c) for c in classes)

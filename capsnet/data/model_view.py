@@ -53,6 +53,40 @@ def conv1_stride_for(config, dataset: str, requested: str | int = "auto") -> int
     return stride
 
 
+# Own data this large (a side or a class count) gets the capsule head, whose class capsules
+# share their matrices across positions, instead of CapsNet with a strided Conv1.
+LARGE_IMAGE_SIZE = 64
+MANY_CLASSES = 100
+AUTO_MODEL = "auto"
+# A small training set still gets this many optimiser steps per epoch: the batch halves
+# (down to MIN_BATCH_SIZE) until it does (450 images at batch 128 are 4 steps an epoch).
+MIN_STEPS_PER_EPOCH = 25
+MIN_BATCH_SIZE = 8
+
+
+def model_for_data(image_size: int, num_classes: int) -> str:
+    """The model own data of this size gets: 'capsnet' (the paper's, Conv1 strided by
+    :func:`conv1_stride_for`) below LARGE_IMAGE_SIZE px and MANY_CLASSES classes, else
+    'capshead' (capsules on a residual stem, parameters independent of the image's area)."""
+    if image_size >= LARGE_IMAGE_SIZE or num_classes >= MANY_CLASSES:
+        return "capshead"
+    return "capsnet"
+
+
+def resolve_model(name: str, image_size: int, num_classes: int) -> str:
+    """``name``, or for 'auto' the model :func:`model_for_data` picks."""
+    return model_for_data(image_size, num_classes) if name == AUTO_MODEL else name
+
+
+def batch_size_for(num_images: int, requested: int) -> int:
+    """``requested``, halved (not below MIN_BATCH_SIZE) until an epoch of ``num_images`` has
+    MIN_STEPS_PER_EPOCH steps: a small folder still gets enough optimiser steps."""
+    batch = requested
+    while batch > MIN_BATCH_SIZE and num_images / batch < MIN_STEPS_PER_EPOCH:
+        batch //= 2
+    return max(batch, min(MIN_BATCH_SIZE, requested))
+
+
 def is_digit_model(config) -> bool:
     """True for a grey model trained on handwritten digits (own images made MNIST-like)."""
     return config.dataset in DIGIT_DATASETS and config.in_channels == 1

@@ -17,8 +17,8 @@ from capsnet.models import count_parameters
 from capsnet.training import distributed
 from capsnet.training.distributed import World
 from capsnet.training.fit import INITIALISATION_IMAGES, data_overrides, protocol_data
-from capsnet.training.loop import StepOptions, evaluate, train_one_epoch
-from capsnet.training.runner import Log, Progress, Task, run_task
+from capsnet.training.loop import MakeBatch, StepOptions, classification_batch, evaluate
+from capsnet.training.runner import Log, Task, run_task
 from capsnet.training.settings import TrainSettings
 
 CANVAS = 40  # affNIST's image size
@@ -97,19 +97,13 @@ class AffnistTask(Task):
         digits = placed(self.images[:INITIALISATION_IMAGES], self.canvas, self.settings.seed)
         return to_model_input(digits)  # (B, 1, canvas, canvas)
 
-    def train_epoch(self, model: nn.Module, optimizer, epoch: int, world: World,
-                    on_progress: Progress) -> dict:
+    def epoch_batches(self, model: nn.Module, epoch: int, world: World
+                      ) -> tuple[torch.Tensor, MakeBatch]:
         s = self.settings
         x = placed(self.images, self.canvas, s.seed * SEED_STRIDE + epoch)  # (M, 40, 40)
         order = epoch_order(len(self.labels), s.seed, epoch, world.device)
         order = distributed.shard_order(order, world.rank, world.size)
-        options = StepOptions(distributed.per_rank_batch(s.batch_size, world), 0,
-                              s.reconstruction_weight, grad_scaler=self.grad_scaler,
-                              sum_over_ranks=distributed.summer(world))
-        result = train_one_epoch(model, optimizer, x, self.labels, order, options,
-                                 on_progress=on_progress)
-        return {"train_loss": result["loss"], "train_accuracy": result["accuracy"],
-                "images": len(order)}
+        return order, classification_batch(model, x, self.labels, StepOptions(max_shift=0))
 
     def validate(self, model: nn.Module, world: World) -> dict:
         val = distributed.evaluate_sharded(model, self.val_images, self.val_labels, world,

@@ -5,6 +5,7 @@ pairing of the training digits every epoch."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,8 +23,15 @@ from capsnet.models.base import autocast_to
 from capsnet.training import distributed
 from capsnet.training.distributed import World
 from capsnet.training.fit import data_overrides, protocol_data
-from capsnet.training.loop import StepOptions, predict_scores, train_one_epoch
-from capsnet.training.runner import Log, Progress, Task, run_task
+from capsnet.training.loop import (
+    Batch,
+    MakeBatch,
+    StepOptions,
+    predict_scores,
+    run_epoch,
+    train_step,
+)
+from capsnet.training.runner import Log, Task, run_task
 from capsnet.training.settings import TrainSettings
 
 MAX_SHIFT = 4  # the paper: each digit shifted up to 4 pixels in each direction
@@ -163,22 +171,40 @@ def model_inputs(pairs: DigitPairs) -> tuple[torch.Tensor, torch.Tensor]:
     return to_model_input(pairs.images), to_model_input(pairs.digits).unsqueeze(2)
 
 
+def pairs_batch(images: torch.Tensor, labels: torch.Tensor, max_shift: int,
+                generator: torch.Generator | None = None) -> MakeBatch:
+    """The training batch of pairs whose first digits are ``images[idx]`` (N, 28, 28), each
+    digit shifted by up to ``max_shift``, partners and shifts from ``generator``: the model
+    input (B, 1, S, S), the labels (B, 2) and the digits (B, 2, 1, S, S)."""
+    index = ClassIndex.of(labels)  # once per epoch: no host sync per step
+
+    def make_batch(idx: torch.Tensor) -> Batch:
+        pairs = make_pairs(images, labels, idx, max_shift, generator, index)  # (B, S, S)
+        x, digits = model_inputs(pairs)  # (B, 1, S, S), (B, 2, 1, S, S)
+        return x, pairs.labels, digits
+    return make_batch
+
+
+def pairs_loss(model: nn.Module, batch: Batch, run_fraction=None,
+               reconstruction_weight: float = RECONSTRUCTION_WEIGHT
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pair_loss` of a batch of :func:`pairs_batch`, and how many pairs have both
+    digits right."""
+    x, labels, digits = batch
+    loss, out = pair_loss(model, x, labels, digits, reconstruction_weight)
+    return loss, pairs_correct(out.scores.detach(), labels).sum()
+
+
 def train_pairs_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
                       labels: torch.Tensor, order: torch.Tensor, options: StepOptions,
                       generator: torch.Generator | None = None) -> dict:
-    """One epoch over pairs whose first digits are ``images[order]`` (N, 28, 28), each digit
-    shifted by up to ``options.max_shift``, partners and shifts from ``generator``.
+    """One epoch over pairs whose first digits are ``images[order]`` (:func:`pairs_batch`).
     Returns {'train_loss', 'train_accuracy'} (both digits right)."""
-    index = ClassIndex.of(labels)  # once per epoch: no host sync per step
-
-    def batch_loss(idx: torch.Tensor, run_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
-        pairs = make_pairs(images, labels, idx, options.max_shift, generator, index)  # (B, S, S)
-        x, digits = model_inputs(pairs)  # (B, 1, S, S), (B, 2, 1, S, S)
-        loss, out = pair_loss(model, x, pairs.labels, digits, options.reconstruction_weight)
-        return loss, pairs_correct(out.scores.detach(), pairs.labels).sum()
-
-    result = train_one_epoch(model, optimizer, images, labels, order, options,
-                             batch_loss=batch_loss)
+    model.train()
+    loss = functools.partial(pairs_loss, reconstruction_weight=options.reconstruction_weight)
+    step = functools.partial(train_step, model, optimizer, loss, grad_scaler=options.grad_scaler)
+    result = run_epoch(step, order, pairs_batch(images, labels, options.max_shift, generator),
+                       options)
     return {"train_loss": result["loss"], "train_accuracy": result["accuracy"]}
 
 
@@ -232,17 +258,16 @@ class MultiMnistTask(Task):
                 f"{len(self.val)} validation pairs, {self.side}x{self.side} images; device "
                 f"{world.device}")
 
-    def train_epoch(self, model: nn.Module, optimizer, epoch: int, world: World,
-                    on_progress: Progress) -> dict:
+    def epoch_batches(self, model: nn.Module, epoch: int, world: World
+                      ) -> tuple[torch.Tensor, MakeBatch]:
         s, device = self.settings, world.device
         order = epoch_order(len(self.images), s.seed, epoch, device)
         order = distributed.shard_order(order, world.rank, world.size)
         g = torch.Generator(device=device).manual_seed(s.seed * SEED_STRIDE + epoch + world.rank)
-        options = StepOptions(distributed.per_rank_batch(s.batch_size, world), s.max_shift,
-                              s.reconstruction_weight, grad_scaler=self.grad_scaler,
-                              sum_over_ranks=distributed.summer(world))
-        result = train_pairs_epoch(model, optimizer, self.images, self.labels, order, options, g)
-        return {**result, "images": len(order)}
+        return order, pairs_batch(self.images, self.labels, s.max_shift, g)
+
+    def batch_loss(self, model: nn.Module, batch: Batch, run_fraction) -> tuple:
+        return pairs_loss(model, batch, run_fraction, self.settings.reconstruction_weight)
 
     def validate(self, model: nn.Module, world: World) -> dict:
         """Validation pairs shared out to the ranks and their counts summed."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from capsnet import writers
 from capsnet.atomic import atomic_write
 from capsnet.data.transforms import AffineRanges, affine_set, rotate
 from capsnet.models import model_name_of
@@ -128,8 +129,6 @@ def format_table(rows: Sequence[dict], affine_label: str = "affine") -> str:
 def markdown_table(rows: Sequence[dict], affine_label: str = "affine") -> str:
     """The same table in Markdown (accuracy in percent)."""
     labels, lines = accuracy_grid(rows, affine_label)
-    out = ["| test set | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
-    for name, cells in lines:
-        out.append(f"| {name} | " + " | ".join(
-            "-" if c is None else f"{100 * c:.2f}%" for c in cells) + " |")
-    return "\n".join(out)
+    return writers.markdown_table(["test set", *labels], [
+        [name, *("-" if c is None else f"{100 * c:.2f}%" for c in cells)]
+        for name, cells in lines])

@@ -6,8 +6,9 @@ from capsnet.layers.digit_caps import DigitCaps, LazyDigitCaps
 from capsnet.layers.gemm_conv import GemmConv2d
 from capsnet.layers.primary_caps import DepthwisePrimaryCaps, InputNorm, PrimaryCaps
 from capsnet.layers.routed_caps import CapsuleLayer
+from capsnet.layers.stem import ResidualStem
 from capsnet.squashing import full_precision, squash
 
-__all__ = ["CapsuleLayer", "Decoder", "DepthwisePrimaryCaps", "DigitCaps", "GemmConv2d",
-           "InputNorm", "LazyDigitCaps", "PrimaryCaps", "SharedClassCapsules", "ConvCapsules",
-           "full_precision", "squash"]
+__all__ = ["CapsuleLayer", "ConvCapsules", "Decoder", "DepthwisePrimaryCaps", "DigitCaps",
+           "GemmConv2d", "InputNorm", "LazyDigitCaps", "PrimaryCaps", "ResidualStem",
+           "SharedClassCapsules", "full_precision", "squash"]

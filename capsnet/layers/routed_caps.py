@@ -22,9 +22,10 @@ CAPSULE_DIMS = 2  # (I, d) at the end of every capsule tensor
 
 def balanced_init_std(in_caps: int, out_caps: int, out_dim: int) -> float:
     """The W scale at which a first routing iteration's s_j = (1/J) sum_i W_ij u_i has length
-    about 1 for I independent unit-length inputs: J / sqrt(d_out I). Deep stacks start with
-    it so that no layer starts near zero length (the paper's 0.01 suits one routed layer)."""
-    return out_caps / math.sqrt(out_dim * in_caps)
+    about 1 when the I inputs agree (unit length, the votes adding up): J / (I sqrt(d_out)).
+    Stacks and heads start with it, so that no layer starts saturated (length 1 everywhere,
+    no gradient) or near zero (the paper's 0.01 suits its one routed layer of 1,152 inputs)."""
+    return out_caps / (in_caps * math.sqrt(out_dim))
 
 
 class CapsuleLayer(nn.Module):

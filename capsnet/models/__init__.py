@@ -10,7 +10,14 @@ import torch
 from torch import nn
 
 from capsnet.config import ConfigError
-from capsnet.models import capsnet, cnn_baseline, efficient_capsnet, em_capsnet
+from capsnet.models import (
+    capsnet,
+    capsule_head,
+    cnn_baseline,
+    efficient_capsnet,
+    em_capsnet,
+    stem_cnn,
+)
 from capsnet.models.base import ClassRouting, ModelEntry, ModelOutput
 from capsnet.models.capsnet import CapsNet, CapsNetConfig
 from capsnet.models.cnn_baseline import CNNBaseline, CNNConfig
@@ -22,6 +29,8 @@ MODELS: dict[str, ModelEntry] = {
     "cnn": cnn_baseline.ENTRY,
     "efficient": efficient_capsnet.ENTRY,
     "em": em_capsnet.ENTRY,
+    "capshead": capsule_head.ENTRY,
+    "stemcnn": stem_cnn.ENTRY,
 }
 
 PAPER = "paper"  # the preset a bare model name means

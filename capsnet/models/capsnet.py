@@ -9,6 +9,7 @@ from torch import nn
 
 from capsnet.config import ConfigError, NormalisedDataConfig, conv_output_size, stack_fields
 from capsnet.layers import Decoder, DigitCaps, GemmConv2d, InputNorm, PrimaryCaps, full_precision
+from capsnet.layers.routed_caps import W_INIT_STD
 from capsnet.models.base import (
     TYPE_MAJOR,
     Children,
@@ -41,6 +42,11 @@ class CapsNetConfig(NormalisedDataConfig):
     routing: str = "dynamic"
     routing_iterations: int = 3
     routing_full_graph: bool = False  # backpropagate through every routing iteration
+    # The released code's (tensorflow/models, research/capsules) departures, off here: its
+    # capsule layer's `biases` (J, D), 0.1 at first, added to s before every squash; and
+    # its weight_variable's stddev, 0.1 for DigitCaps' W (the paper model's 0.01)
+    routing_biases: bool = False
+    digit_weights_stddev: float = W_INIT_STD
     # Section 7 (CIFAR-10): a "none-of-the-above" category in the routing softmax, a logit
     # fixed at zero that takes a share of each input capsule's coupling but has no capsule.
     none_of_the_above: bool = False
@@ -60,6 +66,9 @@ class CapsNetConfig(NormalisedDataConfig):
                 f"(--image-size N resizes the images)")
         if self.routing_iterations < 1:
             raise ValueError("routing_iterations must be at least 1")
+        if self.digit_weights_stddev <= 0:
+            raise ValueError(f"digit_weights_stddev must be positive, not "
+                             f"{self.digit_weights_stddev}")
 
     @property
     def layers(self) -> tuple[tuple[int, int], ...]:
@@ -107,7 +116,7 @@ class CapsNet(nn.Module):
         router = router_class(cfg.routing).from_config(
             cfg, children=cfg.num_primary_caps, parents=cfg.num_classes, pose_dim=cfg.digit_dim)
         self.digit_caps = DigitCaps(cfg.num_primary_caps, cfg.primary_dim, cfg.num_classes,
-                                    cfg.digit_dim, router)
+                                    cfg.digit_dim, router, init_std=cfg.digit_weights_stddev)
         image_shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
         self.decoder = (Decoder(cfg.num_classes, cfg.digit_dim, cfg.decoder_hidden, image_shape)
                         if cfg.use_decoder else None)
@@ -138,7 +147,7 @@ class CapsNet(nn.Module):
 
 # CapsNet's options that only some routers take: the option -> the router's argument.
 ROUTER_OPTIONS = {"routing_iterations": "iterations", "routing_full_graph": "full_graph",
-                  "none_of_the_above": "none_of_the_above"}
+                  "none_of_the_above": "none_of_the_above", "routing_biases": "biases"}
 
 
 def check_routing(values: dict, given: set[str]) -> None:

@@ -131,7 +131,7 @@ class SelfAttentionCaps(nn.Module):
 
 
 class EfficientCapsNet(nn.Module):
-    """Images (B, C, H, W) in [0, 1] -> :class:`CapsuleOutput`, as CapsNet's. The decoder gets
+    """Images (B, C, H, W) in [0, 1] -> a :class:`ModelOutput`, as CapsNet's. The decoder gets
     the capsules masked by ``labels`` or the longest one; ``compute_dtype`` is the autocast
     dtype of convolutions and decoder; routing and squash run in float32."""
 

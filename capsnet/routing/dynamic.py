@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from capsnet.routing.base import Routed, Router, fully_connected_only, uniform_couplings
 from capsnet.squashing import full_precision, squash
@@ -21,9 +22,15 @@ def uniform_share(outputs: int, none_of_the_above: bool = False) -> float:
     return 1.0 / (outputs + 1 if none_of_the_above else outputs)
 
 
+# The released code's capsule-layer bias at the start of training (variables.bias_variable).
+RELEASED_BIAS_INIT = 0.1
+
+
 class DynamicRouter(Router):
     """Procedure 1 as a Router: u_hat (B, J, I, D) -> poses v (B, J, D), activations |v|
-    (B, J), each iteration's couplings (the first a stride-0 view). No parameters."""
+    (B, J), each iteration's couplings (the first a stride-0 view). No parameters, unless
+    ``biases`` gives the (J, D) shape of a bias added to s before every squash (the
+    released code's)."""
 
     name = "dynamic"
     coupling_symbol = "c"
@@ -31,17 +38,20 @@ class DynamicRouter(Router):
                         "logits b_ij (iteration 1: uniform)")
 
     def __init__(self, iterations: int, full_graph: bool = False,
-                 none_of_the_above: bool = False):
+                 none_of_the_above: bool = False, biases: tuple[int, int] | None = None):
         super().__init__()
         if iterations < 1:
             raise ValueError("routing needs at least 1 iteration")
         self.iterations, self.full_graph = iterations, full_graph
         self.none_of_the_above = none_of_the_above
+        self.bias = (nn.Parameter(torch.full(biases, RELEASED_BIAS_INIT))
+                     if biases is not None else None)  # (J, D)
 
     @classmethod
     def from_config(cls, config, *, children: int, parents: int, pose_dim: int) -> DynamicRouter:
         return cls(config.routing_iterations, config.routing_full_graph,
-                   config.none_of_the_above)
+                   config.none_of_the_above,
+                   (parents, pose_dim) if getattr(config, "routing_biases", False) else None)
 
     def extra_repr(self) -> str:
         return (f"iterations={self.iterations}, full_graph={self.full_graph}, "
@@ -69,6 +79,8 @@ class DynamicRouter(Router):
                 else:
                     c = couplings(b, self.none_of_the_above)  # (B, J, I)
                     s = torch.matmul(c.unsqueeze(2), u).squeeze(2)  # (B,J,1,I) @ (B,J,I,D)
+                if self.bias is not None:
+                    s = s + self.bias  # (B, J, D)
                 v = squash(s)  # (B, J, D)
                 c_all.append(c)
                 if not last or last_agreement:

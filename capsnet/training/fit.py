@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from capsnet.atomic import atomic_write
 from capsnet.data.datasets import FOLDER, ImageDataset, load_dataset
 from capsnet.data.folder import DEFAULT_TEST_FRACTION, format_skipped_warning
 from capsnet.data.image_dataset import (
@@ -27,8 +28,14 @@ from capsnet.data.transforms import center_crop
 from capsnet.models import PRESET_CROPS, make_config
 from capsnet.training import distributed
 from capsnet.training.distributed import World
-from capsnet.training.loop import StepOptions, evaluate, predict_scores, train_one_epoch
-from capsnet.training.runner import Log, Progress, Task, run_task
+from capsnet.training.loop import (
+    MakeBatch,
+    StepOptions,
+    classification_batch,
+    evaluate,
+    train_one_epoch,  # noqa: F401  (capsnet.training.fit.train_one_epoch, as before)
+)
+from capsnet.training.runner import Log, Task, run_task
 from capsnet.training.settings import TrainSettings, validation_size
 
 # Training images a model's data-dependent initialisation sees (the first of the split)
@@ -156,22 +163,19 @@ class ClassifyTask(Task):
                 f"{len(d.val_idx)} validation, {len(d.test.labels)} test images; device "
                 f"{world.device}" + (f" x {world.size} processes" if world.distributed else ""))
 
-    def train_epoch(self, model: nn.Module, optimizer, epoch: int, world: World,
-                    on_progress: Progress) -> dict:
+    def epoch_batches(self, model: nn.Module, epoch: int, world: World
+                      ) -> tuple[torch.Tensor, MakeBatch]:
         s, device = self.settings, world.device
         order = self.data.train_idx[epoch_order(len(self.data.train_idx), s.seed, epoch, device)]
         order = distributed.shard_order(order, world.rank, world.size)  # this rank's share
         generator = torch.Generator(device=device).manual_seed(
             epoch_seed(s.seed, epoch) + 1 + world.rank)
-        options = StepOptions(distributed.per_rank_batch(s.batch_size, world), s.max_shift,
-                              s.reconstruction_weight, crop=self.data.crop,
-                              grad_scaler=self.grad_scaler,
-                              sum_over_ranks=distributed.summer(world), augment=s.augment,
-                              run_span=((epoch - 1) / s.epochs, epoch / s.epochs))
-        result = train_one_epoch(model, optimizer, self.data.train.images, self.data.train.labels,
-                                 order, options, generator, on_progress)
-        return {"train_loss": result["loss"], "train_accuracy": result["accuracy"],
-                "images": len(order)}
+        augmentation = StepOptions(max_shift=s.max_shift, crop=self.data.crop, augment=s.augment,
+                                   adversarial=s.adversarial,
+                                   adversarial_eps=s.adversarial_eps or 0.0,
+                                   adversarial_steps=s.adversarial_steps)
+        return order, classification_batch(model, self.data.train.images,
+                                           self.data.train.labels, augmentation, generator)
 
     def validate(self, model: nn.Module, world: World) -> dict:
         d, row = self.data, {}
@@ -190,22 +194,21 @@ class ClassifyTask(Task):
         kwargs = dict(reconstruction_weight=self.settings.reconstruction_weight)
         test = self.data.test
         final_result = evaluate(final, test.images, test.labels, **kwargs)
-        selected = final if best is None else best
-        scores = predict_scores(selected, test.images)  # (N, J), for ensembles without weights
-        save_test_scores(self.settings.out_dir, scores, test.labels)
+        # the final epoch was the selected one: the same weights, no second evaluation
+        selected = final_result if best is None else evaluate(best, test.images, test.labels,
+                                                              **kwargs)
+        # the selected model's test scores (N, J), for ensembles without weights
+        save_test_scores(self.settings.out_dir, selected.scores, test.labels)
         results = {"final": final_result.as_dict()}
         if not len(self.data.val_idx):
             log(f"test accuracy {final_result.accuracy:.4f} (error "
                 f"{100 * final_result.error:.2f}%) after the final epoch {state['epoch']} "
                 f"(no validation split)")
             return results
-        # the final epoch was the selected one: the same weights, no second evaluation
-        best_result = final_result if best is None else evaluate(best, test.images, test.labels,
-                                                                 **kwargs)
-        log(f"test accuracy {best_result.accuracy:.4f} (error {100 * best_result.error:.2f}%) "
+        log(f"test accuracy {selected.accuracy:.4f} (error {100 * selected.error:.2f}%) "
             f"for the validation-selected epoch {state['best_epoch']}; "
             f"{final_result.accuracy:.4f} for the final epoch {state['epoch']}")
-        return {**results, "best": best_result.as_dict()}
+        return {**results, "best": selected.as_dict()}
 
 
 def own_datasets(data: Any, test_data: Any = None) -> Datasets:
@@ -243,5 +246,6 @@ def fit(settings: TrainSettings | None = None, resume: str | None = None,
 def save_test_scores(run_dir: str | Path, scores: torch.Tensor, labels: torch.Tensor) -> None:
     """Write scores (N, J) as float32 and labels (N,) as int64 into ``run_dir``."""
     run_dir = Path(run_dir)
-    np.save(run_dir / SCORES_FILE, scores.detach().float().cpu().numpy())
-    np.save(run_dir / LABELS_FILE, labels.detach().long().cpu().numpy())
+    for name, values in ((SCORES_FILE, scores.detach().float()),
+                         (LABELS_FILE, labels.detach().long())):
+        atomic_write(run_dir / name, lambda f, values=values: np.save(f, values.cpu().numpy()))

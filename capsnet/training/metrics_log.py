@@ -3,41 +3,54 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 from pathlib import Path
 
+from capsnet.atomic import append_text, write_text
 
-class MetricsLog:
-    """Appends one row per epoch to ``run_dir/metrics.csv`` (columns fixed by the first row)."""
+METRICS_FILE = "metrics.csv"
 
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True):
-        self.path = Path(run_dir) / "metrics.csv"
-        self.columns: list[str] | None = None
-        if self.path.exists():
-            with open(self.path, newline="") as f:
-                self.columns = next(csv.reader(f), None)
-        self.writer = _tensorboard_writer(run_dir) if tensorboard else None
 
-    def log(self, row: dict) -> None:
-        if self.columns is None:
-            self.columns = list(row)
-            with open(self.path, "w", newline="") as f:
-                csv.writer(f).writerow(self.columns)
-        with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, self.columns, extrasaction="ignore").writerow(row)
-        if self.writer is not None:
-            for key, value in row.items():
-                if key != "epoch" and isinstance(value, (int, float)) and value == value:
-                    self.writer.add_scalar(key, value, row["epoch"])
-            self.writer.flush()
+def log_metrics(run_dir: str | Path, row: dict, tensorboard=None) -> None:
+    """Add one epoch's ``row`` to ``run_dir/metrics.csv`` (columns fixed by its first row;
+    the file rewritten whole, atomically: never half a row) and to the ``tensorboard``
+    writer if any (:func:`tensorboard_writer`)."""
+    path = Path(run_dir) / METRICS_FILE
+    lines = io.StringIO()
+    columns = None
+    if path.exists():
+        with open(path, newline="") as f:
+            columns = next(csv.reader(f), None)
+    if columns is None:
+        columns = list(row)
+        csv.writer(lines, lineterminator="\n").writerow(columns)
+    csv.DictWriter(lines, columns, extrasaction="ignore", lineterminator="\n").writerow(row)
+    append_text(path, lines.getvalue())
+    if tensorboard is not None:
+        for key, value in row.items():
+            if key != "epoch" and isinstance(value, (int, float)) and value == value:
+                tensorboard.add_scalar(key, value, row["epoch"])
+        tensorboard.flush()
 
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+
+def trim_metrics(run_dir: str | Path, last_epoch: int) -> None:
+    """Drop the rows of epochs after ``last_epoch`` (a resume redoes them), if any."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return
+    rows = read_metrics(run_dir)
+    if all(row["epoch"] <= last_epoch for row in rows):
+        return
+    with open(path, newline="") as f:
+        lines = f.read().splitlines(keepends=True)
+    kept = [lines[0]] + [line for line, row in zip(lines[1:], rows, strict=True)
+                         if row["epoch"] <= last_epoch]
+    write_text(path, "".join(kept))
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
     """Rows of a run's metrics.csv with numbers parsed (empty cells become None)."""
-    with open(Path(run_dir) / "metrics.csv", newline="") as f:
+    with open(Path(run_dir) / METRICS_FILE, newline="") as f:
         return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
@@ -49,7 +62,8 @@ def _number(text: str):
     return None if text == "" else text
 
 
-def _tensorboard_writer(run_dir):
+def tensorboard_writer(run_dir: str | Path):
+    """A TensorBoard SummaryWriter into ``run_dir/tensorboard``; None without TensorBoard."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except Exception:  # tensorboard is optional

@@ -16,8 +16,6 @@ from capsnet.checkpoint import CheckpointError
 from capsnet.models import build_model, entry_of, has_option, make_config, unwrap
 from capsnet.training.settings import TrainSettings
 
-ONECYCLE_START = 1 / 25  # one-cycle starts at the peak / 25 (OneCycleLR's div_factor)
-
 
 def half_cosine(start: float, end: float, progress: float) -> float:
     """From ``start`` (progress 0) to ``end`` (progress 1) along half a cosine."""
@@ -31,8 +29,7 @@ class Schedule:
     W warm-up steps, T steps in the run and f = min_lr / lr:
 
     - ``exp`` (the paper's): (s + 1) / W while s < W, times max(f, decay ** epoch);
-    - ``cosine``: (s + 1) / W while s < W, then half a cosine from 1 down to f at T;
-    - ``onecycle``: half a cosine from 1/25 up to 1 over W steps, then down to f (OneCycleLR).
+    - ``cosine``: (s + 1) / W while s < W, then half a cosine from 1 down to f at T.
     """
 
     shape: str
@@ -46,8 +43,6 @@ class Schedule:
 
     def __call__(self, step: int) -> float:
         warming = step < self.warmup_steps
-        if self.shape == "onecycle" and warming:
-            return half_cosine(ONECYCLE_START, 1.0, step / self.warmup_steps)
         warmup = (step + 1) / self.warmup_steps if warming else 1.0
         if self.shape == "exp":
             epochs = step // self.steps_per_epoch - self.decay_start
@@ -93,14 +88,24 @@ class WeightEMA:
     """A moving average of ``model``'s weights as a model of its own (``.module``), from the
     initial weights: ema <- d ema + (1 - d) weights after every optimiser step, with d the
     decay or, with warm-up, min(decay, (1 + n) / (10 + n)) at update n. Floating-point
-    buffers are averaged, others copied. Not AveragedModel: its first update copies the
-    weights, and it would average integer buffers."""
+    buffers are averaged, others copied. The update count lives on the device, so that an
+    update reads nothing back (a CUDA graph can hold it). Not AveragedModel: its first update
+    copies the weights, and it would average integer buffers."""
 
     def __init__(self, model: nn.Module, decay: float, warmup: bool = True):
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"EMA decay must be in [0, 1), not {decay}")
         self.module = copy.deepcopy(unwrap(model)).eval().requires_grad_(False)
-        self.decay, self.warmup, self.updates = decay, warmup, 0
+        self.decay, self.warmup = decay, warmup
+        device = next(self.module.parameters()).device
+        # the count in float64 (MPS has none: float32) so that the weight is the float rule's
+        self.count = torch.zeros((), dtype=torch.float32 if device.type == "mps"
+                                 else torch.float64, device=device)
+
+    @property
+    def updates(self) -> int:
+        """Updates so far (a read-back: for checkpoints, not for the step)."""
+        return int(self.count.item())
 
     def decay_at(self, update: int) -> float:
         """The decay of the ``update``-th (0-based) update."""
@@ -108,17 +113,20 @@ class WeightEMA:
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        """Move the average towards ``model``'s current weights."""
-        weight = 1.0 - self.decay_at(self.updates)
+        """Move the average towards ``model``'s current weights (on the device only)."""
+        n = self.count
+        decay = (((1 + n) / (10 + n)).clamp(max=self.decay) if self.warmup
+                 else torch.full_like(n, self.decay))
+        weight = (1.0 - decay).float()  # the float the lerp kernels take
         current = unwrap(model)
         pairs = zip(itertools.chain(self.module.parameters(), self.module.buffers()),
                     itertools.chain(current.parameters(), current.buffers()), strict=True)
         for average, now in pairs:
             if average.is_floating_point():
-                average.lerp_(now.detach(), weight)
+                average.lerp_(now.detach(), weight.to(average.dtype))
             else:
                 average.copy_(now)
-        self.updates += 1
+        n.add_(1)
 
     def state(self) -> dict:
         """Everything but the weights, for a checkpoint (the weights are ``module``'s)."""
@@ -127,13 +135,14 @@ class WeightEMA:
     def load(self, weights: dict, state: dict) -> None:
         """Inverse of saving ``module.state_dict()`` and :meth:`state`."""
         self.module.load_state_dict(weights)
-        self.decay, self.warmup, self.updates = state["decay"], state["warmup"], state["updates"]
+        self.decay, self.warmup = state["decay"], state["warmup"]
+        self.count.fill_(state["updates"])
 
 
 @dataclass
 class Training:
-    """The model, its optimiser, the schedule and the moving average (or None); the schedule
-    and the average move after every ``optimizer.step()``."""
+    """The model, its optimiser, the schedule and the moving average (or None); the loop
+    moves the average and then the schedule after every optimiser step."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -148,11 +157,6 @@ class Training:
     def modules(self) -> list[nn.Module]:
         """The plain models that compute: the trained one and the EMA."""
         return [unwrap(self.model)] + ([] if self.ema is None else [self.ema.module])
-
-    def after_step(self) -> None:
-        self.scheduler.step()
-        if self.ema is not None:
-            self.ema.update(self.model)
 
     def checkpoint_state(self) -> dict:
         """The optimiser and scheduler states and, with an EMA, the trained weights."""
@@ -191,13 +195,14 @@ def build_training(settings: TrainSettings, overrides: dict, device: torch.devic
     config = make_config(settings.model, settings.preset,
                          **{**derived, **settings.model_options()})
     model = build_model(config).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    if settings.cuda_graph and device.type == "cuda":  # a step a CUDA graph can hold
+        optimizer = torch.optim.Adam(model.parameters(), capturable=True, fused=True,
+                                     lr=torch.tensor(settings.lr, device=device))
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
     ema = (WeightEMA(model, settings.ema_decay, settings.ema_warmup)
            if settings.ema_decay > 0 else None)
-    training = Training(model, optimizer, make_scheduler(optimizer, settings, steps_per_epoch),
-                        ema)
-    optimizer.register_step_post_hook(lambda *_: training.after_step())
-    return training
+    return Training(model, optimizer, make_scheduler(optimizer, settings, steps_per_epoch), ema)
 
 
 def initialise_from_data(training: Training, images: torch.Tensor | None) -> str | None:

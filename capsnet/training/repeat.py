@@ -14,17 +14,18 @@ import numpy as np
 import torch
 from torch import nn
 
+from capsnet.atomic import write_json
 from capsnet.checkpoint import model_from_checkpoint
 from capsnet.data.model_view import load_test_set
 from capsnet.devices import pick_device
 from capsnet.training.distributed import env_ranks
 from capsnet.training.fit import LABELS_FILE, SCORES_FILE, fit
 from capsnet.training.loop import predict_scores
-from capsnet.training.runner import write_json
 from capsnet.training.settings import RESUME_OVERRIDES, TrainSettings, resumed_settings
 
 # Settings a seed's run directory may hold with other values and still be the same run.
-NOT_THE_RECIPE = (*RESUME_OVERRIDES, "out_dir", "data_dir", "download", "compile", "seed")
+NOT_THE_RECIPE = (*RESUME_OVERRIDES, "out_dir", "data_dir", "download", "compile", "cuda_graph",
+                  "seed")
 
 
 def repeat_recipe(settings: TrainSettings, seeds: Sequence[int], out_dir: str | Path,

@@ -1,21 +1,23 @@
 """The one epoch driver: every training run (the paper's recipe, affNIST, MultiMNIST) goes
-through :func:`run_task` (the run directory, DDP under torchrun, the speed plan, resume,
-selection by validation, a target accuracy, a time limit, atomic checkpoints, the metrics log,
-a stop on a non-finite loss, the test once at the end); a :class:`Task` says what differs."""
+through :func:`run_task`, whose epoch loop reads top to bottom (the run directory, DDP under
+torchrun, the speed plan, resume, selection by validation, a target accuracy, a time limit,
+atomic checkpoints, the metrics log, a stop on a non-finite loss, the memory measured at the
+first step, the test once at the end); a :class:`Task` says what differs."""
 from __future__ import annotations
 
-import json
+import contextlib
+import functools
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from capsnet.atomic import atomic_write
+from capsnet.atomic import append_text, write_json
 from capsnet.checkpoint import (
     CheckpointError,
     atomic_copy,
@@ -29,21 +31,30 @@ from capsnet.models import unwrap
 from capsnet.models.base import grad_scaler_for
 from capsnet.training import distributed
 from capsnet.training.distributed import World, rng_state, set_rng_state
-from capsnet.training.loop import NonFiniteLossError
-from capsnet.training.metrics_log import MetricsLog
+from capsnet.training.loop import (
+    Batch,
+    MakeBatch,
+    NonFiniteLossError,
+    StepOptions,
+    classification_loss,
+    cuda_graphed,
+    run_epoch,
+    train_step,
+)
+from capsnet.training.metrics_log import log_metrics, tensorboard_writer, trim_metrics
 from capsnet.training.optimisation import Training, build_training, initialise_from_data
 from capsnet.training.settings import TrainSettings, resume_checkpoint
 from capsnet.tuning import (
-    MemoryEstimate,
+    GIB,
     MemoryExceeded,
     SpeedPlan,
     apply_plan,
     choose_plan,
-    device_memory,
-    measure_training_memory,
+    measure_step_memory,
+    memory_line,
+    memory_now,
     out_of_memory_message,
     tune_for_inference,
-    usable_gpu_bytes,
 )
 
 Log = Callable[[str], None]
@@ -54,15 +65,14 @@ Progress = Callable[[int, float, float], None] | None
 class Task:
     """One kind of training run. :func:`run_task` calls, in order: :meth:`prepare` (once per
     machine first, as it may download), :meth:`model_overrides`, :meth:`describe`, then per
-    epoch :meth:`train_epoch` and :meth:`validate`, and at the end :meth:`final_report`.
-    ``epoch_size``: training examples per epoch, set by :meth:`prepare`; ``grad_scaler``:
-    the fp16 plan's ``torch.amp.GradScaler`` (else None), for ``StepOptions``."""
+    epoch :meth:`epoch_batches` (its batches go through :meth:`batch_loss` in each step) and
+    :meth:`validate`, and at the end :meth:`final_report`. ``epoch_size``: training examples
+    per epoch, set by :meth:`prepare`."""
 
     name = "task"
 
     def __init__(self, settings: TrainSettings):
         self.settings = settings
-        self.grad_scaler = None
         self.epoch_size: int | None = None
 
     def prepare(self, device: torch.device) -> None:
@@ -77,10 +87,18 @@ class Task:
         """One log line: what trains on what."""
         raise NotImplementedError
 
-    def train_epoch(self, model: nn.Module, optimizer, epoch: int, world: World,
-                    on_progress: Progress) -> dict:
-        """One epoch; returns {'train_loss', 'train_accuracy', 'images'} of this rank."""
+    def epoch_batches(self, model: nn.Module, epoch: int, world: World
+                      ) -> tuple[torch.Tensor, MakeBatch]:
+        """This rank's order of the epoch's examples (M,) and the function that makes the
+        training batch of some of them (the augmentation)."""
         raise NotImplementedError
+
+    def batch_loss(self, model: nn.Module, batch: Batch, run_fraction) -> tuple:
+        """A training batch's loss (float32 scalar) and count of right answers: the
+        classifier's (:func:`~capsnet.training.loop.classification_loss`) unless overridden."""
+        return classification_loss(model, batch, run_fraction,
+                                   self.settings.reconstruction_weight,
+                                   self.settings.margin_weight)
 
     def validate(self, model: nn.Module, world: World) -> dict:
         """{'val_accuracy', ...} of the plain (unwrapped) model; {} without validation."""
@@ -102,126 +120,180 @@ def run_task(task: Task, resume: str | None = None, argv: list[str] | None = Non
     """Train ``task`` as its settings say into ``settings.out_dir``; returns the results
     (also in results.json). Under torchrun every process calls this and trains its shard of
     each epoch at ``batch_size / world``; rank 0 alone logs and writes, and every rank
-    returns its results."""
+    returns its results. The epoch loop, top to bottom: stop for the target or the time
+    limit, train an epoch, validate, select, checkpoint, log."""
     world = distributed.setup(task.settings.device)
     log = log if world.is_main else (lambda _: None)  # rank 0 alone logs
-    finished = False
+    settings, run_dir, device = task.settings, Path(task.settings.out_dir), world.device
+    finished, memory, tensorboard = False, {}, None
     try:
-        results = _run(task, resume, argv, log, world)
-        finished = True
-        return results
-    finally:
-        distributed.teardown(world, wait_for_all=finished)
-
-
-def _run(task: Task, resume: str | None, argv, log: Log, world: World) -> dict:
-    settings, device, run_dir = task.settings, world.device, Path(task.settings.out_dir)
-    tune_backends(device, deterministic=settings.deterministic)
-    torch.manual_seed(settings.seed)
-    random.seed(settings.seed)
-    batch = distributed.per_rank_batch(settings.batch_size, world)  # fails if not divisible
-    with distributed.local_main_first(world):  # one download per machine
-        task.prepare(device)
-    resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0  # the data
-    epoch_size = _epoch_size(task, world)
-    steps = 1 if epoch_size is None else max(1, -(-epoch_size // batch))
-    training = build_training(settings, task.model_overrides(), device, steps)
-    if world.is_main:  # only now: bad data or an unworkable size leave no run directory
-        run_dir.mkdir(parents=True, exist_ok=True)
-    state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None, "reached_target": False}
-    saved: dict = {}
-    if resume is not None:
-        state, saved = _restore(resume_checkpoint(resume), task, training, world)
-        log(f"resuming {resume} after epoch {state['epoch']}")
-        if saved["schedule_change"]:
-            log(saved["schedule_change"])
-    else:  # every rank sees the same images: the same initialisation everywhere
-        described = initialise_from_data(training, task.initialisation_images())
-        if described:
-            log(f"initialised from data: {described}")
-    memory = None
-    try:
-        plan = speed_plan_for(settings, training.model, world, saved.get("speed_plan"))
-        for computing in training.modules():
-            apply_plan(computing, plan)
-        task.grad_scaler = grad_scaler_for(device, training.model.compute_dtype)
-        if task.grad_scaler is not None and saved.get("grad_scaler"):
-            task.grad_scaler.load_state_dict(saved["grad_scaler"])
-        memory = measure_training_memory(unwrap(training.model), batch, resident)
-        log(f"speed: {plan.describe()}")
-        log(f"memory: {memory.describe()}")
-        if world.is_main:
-            describe_run(run_dir, settings, training.model, plan, argv, memory)
-        log(task.describe(world))
+        training, plan, state, options = start_run(task, resume, argv, log, world)
         step_model = distributed.wrap_model(training.model, world)
-        step_model = torch.compile(step_model) if settings.compile else step_model
-        _epochs(task, step_model, training, plan, state, world, log)
-    except torch.cuda.OutOfMemoryError:
-        if memory is None:
-            raise MemoryExceeded(f"{device} ran out of memory before training began (batch "
-                                 f"{settings.batch_size}): use a smaller --batch-size or "
-                                 f"preset, or --precision bf16 (or fp16)") from None
-        total = device_memory(device)
-        fits = 0 if total is None else memory.largest_batch(usable_gpu_bytes(total))
-        raise MemoryExceeded(out_of_memory_message(str(device), memory, total,
-                                                   fits * world.size)) from None
-    results = None
-    if world.is_main:
-        results = _report(task, training.evaluated, state, log)
-    return distributed.broadcast_object(results, world)
-
-
-def _epochs(task: Task, step_model, training: Training, plan: SpeedPlan, state: dict,
-            world: World, log: Log) -> None:
-    """Train until the last epoch, the target accuracy or the time limit, checkpointing
-    every epoch."""
-    settings, run_dir = task.settings, Path(task.settings.out_dir)
-    metrics = MetricsLog(run_dir) if world.is_main else None
-    start = time.perf_counter()
-    try:
+        loss_fn = torch.compile(task.batch_loss) if settings.compile else task.batch_loss
+        step = functools.partial(train_step, step_model, training.optimizer, loss_fn,
+                                 grad_scaler=options.grad_scaler, ema=training.ema)
+        if settings.cuda_graph and device.type == "cuda":
+            step = cuda_graphed(step)
+        tensorboard = tensorboard_writer(run_dir) if world.is_main else None
+        start = time.perf_counter()
         for epoch in range(state["epoch"] + 1, settings.epochs + 1):
-            # rank 0 decides, every rank follows: ranks that stopped apart would hang
-            stop = world.is_main and (state["reached_target"]
-                                      or _out_of_time(settings, start, state, epoch, log))
-            if distributed.broadcast_object(stop, world):
+            if state["reached_target"]:  # a resumed run that had reached it
                 break
-            row = _train_and_validate(task, step_model, training, epoch, world)
+            lr = float(training.optimizer.param_groups[0]["lr"])  # the epoch's first step's
+            options.run_span = ((epoch - 1) / settings.epochs, epoch / settings.epochs)
+            order, make_batch = task.epoch_batches(step_model, epoch, world)
+            step_model.train()
+            tick = time.perf_counter()
+            with progress_bar(task, world, epoch, memory, options, log) as on_progress:
+                train = run_epoch(step, order, make_batch, options, training.scheduler,
+                                  on_progress)
+            seconds = time.perf_counter() - tick
+            loss, accuracy = distributed.all_reduce_mean([train["loss"], train["accuracy"]],
+                                                         world)
+            row = {"epoch": epoch, "lr": lr, "train_loss": loss, "train_accuracy": accuracy,
+                   "epoch_seconds": round(seconds, 3),
+                   "images_per_second": round(len(order) * world.size / seconds, 1),
+                   **validate(task, training, world)}
+            if memory and "logged" not in memory:  # the first epoch of this process
+                memory.update(peak=memory_now(device)[1], logged=True)
+                log(f"memory: {memory_line(memory, epoch)}")
             state["last_epoch_seconds"] = time.perf_counter() - start - state.get("spent", 0.0)
             state["spent"] = time.perf_counter() - start
             improved = _select(row, state, epoch)
             target = settings.target_accuracy
             state["epoch"] = epoch
             state["reached_target"] = target is not None and row.get("val_accuracy", -1) >= target
-            rng = rng_state(world.device, world)  # every rank's (a gather on GPUs)
-            if world.is_main:
-                _checkpoint(task, training, plan, state, row, rng, improved)
-                metrics.log(row)
             log(epoch_line(row, improved))
             if state["reached_target"]:
                 log(f"validation accuracy {row['val_accuracy']:.4f} reached the target "
                     f"{target:.4f}; stopping after epoch {epoch}")
+            # rank 0 decides, every rank follows: ranks that stopped apart would hang
+            stop = distributed.broadcast_object(world.is_main and (
+                state["reached_target"] or _out_of_time(settings, start, state, epoch, log)),
+                world)
+            resumable = (stop or epoch == settings.epochs
+                         or epoch % settings.checkpoint_every == 0)
+            rng = rng_state(device, world)  # every rank's (a gather on GPUs)
+            if world.is_main:
+                _checkpoint(task, training, plan, options, state, row, rng, improved, resumable)
+                log_metrics(run_dir, row, tensorboard)
+            if resumable:
+                state["saved_epoch"] = epoch
+            if stop:
+                break
+        results = None
+        if world.is_main:
+            results = _report(task, training.evaluated, state, log)
+        results = distributed.broadcast_object(results, world)
+        finished = True
+        return results
     except NonFiniteLossError as exc:
         raise NonFiniteLossError(f"{exc}; stopped. The last good checkpoint is "
-                                 f"{run_dir / 'last.pt'} (epoch {state['epoch']}).") from None
+                                 f"{run_dir / 'last.pt'} (epoch {state['saved_epoch']}).") from None
+    except torch.cuda.OutOfMemoryError:
+        raise MemoryExceeded(out_of_memory_message(device, settings.batch_size // world.size,
+                                                   memory, world.size)) from None
     finally:
-        if metrics is not None:
-            metrics.close()
+        if tensorboard is not None:
+            tensorboard.close()
+        distributed.teardown(world, wait_for_all=finished)
 
 
-def _checkpoint(task: Task, training: Training, plan: SpeedPlan, state: dict, row: dict,
-                rng: dict, improved: bool) -> None:
-    """last.pt (everything a resume needs), best.pt when the epoch improved (a copy), and
-    with --keep-every the epoch's evaluated weights alone as epoch-NNN.pt."""
+def start_run(task: Task, resume: str | None, argv, log: Log, world: World
+              ) -> tuple[Training, SpeedPlan, dict, StepOptions]:
+    """Everything before the first epoch: the data, the model, Adam, the schedule, the EMA
+    (restored when resuming, else initialised from the data), the speed plan, the run
+    directory's description. Returns them with the epoch state and the step options."""
+    settings, device, run_dir = task.settings, world.device, Path(task.settings.out_dir)
+    if settings.cuda_graph and world.distributed:
+        raise ValueError("cuda_graph runs in one process; under torchrun leave it off")
+    tune_backends(device, deterministic=settings.deterministic)
+    torch.manual_seed(settings.seed)
+    random.seed(settings.seed)
+    batch = distributed.per_rank_batch(settings.batch_size, world)  # fails if not divisible
+    with distributed.local_main_first(world):  # one download per machine
+        task.prepare(device)
+    epoch_size = _epoch_size(task, world)
+    steps = 1 if epoch_size is None else max(1, -(-epoch_size // batch))
+    training = build_training(settings, task.model_overrides(), device, steps)
+    if world.is_main:  # only now: bad data or an unworkable size leave no run directory
+        run_dir.mkdir(parents=True, exist_ok=True)
+    state = {"epoch": 0, "best_val_accuracy": -1.0, "best_epoch": None, "reached_target": False,
+             "saved_epoch": 0}
+    saved: dict = {}
+    if resume is not None:
+        state, saved = _restore(resume_checkpoint(resume), task, training, world)
+        log(f"resuming {resume} after epoch {state['epoch']}")
+        if world.is_main:  # rows of epochs after last.pt's (--checkpoint-every) are redone
+            trim_metrics(run_dir, state["epoch"])
+        if saved["schedule_change"]:
+            log(saved["schedule_change"])
+    else:  # every rank sees the same images: the same initialisation everywhere
+        described = initialise_from_data(training, task.initialisation_images())
+        if described:
+            log(f"initialised from data: {described}")
+    plan = speed_plan_for(settings, training.model, world, saved.get("speed_plan"))
+    for computing in training.modules():
+        apply_plan(computing, plan)
+    grad_scaler = grad_scaler_for(device, training.model.compute_dtype)
+    if grad_scaler is not None and saved.get("grad_scaler"):
+        grad_scaler.load_state_dict(saved["grad_scaler"])
+    log(f"speed: {plan.describe()}")
+    if world.is_main:
+        describe_run(run_dir, settings, training.model, plan, argv)
+    log(task.describe(world))
+    options = StepOptions(batch, reconstruction_weight=settings.reconstruction_weight,
+                          grad_scaler=grad_scaler, sum_over_ranks=distributed.summer(world))
+    return training, plan, state, options
+
+
+@contextlib.contextmanager
+def progress_bar(task: Task, world: World, epoch: int, memory: dict, options: StepOptions,
+                 log: Log) -> Iterator[Progress]:
+    """The epoch's progress bar (rank 0, unless --no-progress) as an ``on_progress``; at
+    the run's first read-back, after its first step, the step's memory is measured once
+    (:func:`capsnet.tuning.measure_step_memory`)."""
+    with tqdm(total=_epoch_size(task, world), desc=f"epoch {epoch}", unit="img", leave=False,
+              dynamic_ncols=True, disable=not (task.settings.progress and world.is_main)) as bar:
+
+        def on_progress(done: int, loss: float, accuracy: float) -> None:
+            if not memory:
+                memory.update(measure_step_memory(world.device, options.batch_size))
+            bar.update(done - bar.n)
+            bar.set_postfix(loss=f"{loss:.4f}", acc=f"{accuracy:.4f}")
+
+        yield on_progress
+
+
+def validate(task: Task, training: Training, world: World) -> dict:
+    """The epoch's validation of the plain module (the EMA if any; ranks evaluate different
+    numbers of batches, outside DDP) and, with an EMA, of the trained weights too (``_raw``)."""
+    row = task.validate(training.evaluated, world)
+    if training.ema is not None:  # the trained weights too, so one run ablates the average
+        raw = task.validate(unwrap(training.model), world)
+        row.update({f"{key}_raw": value for key, value in raw.items()})
+    return row
+
+
+def _checkpoint(task: Task, training: Training, plan: SpeedPlan, options: StepOptions,
+                state: dict, row: dict, rng: dict, improved: bool, resumable: bool) -> None:
+    """When ``resumable`` (every --checkpoint-every epochs, the last and before a stop)
+    last.pt (everything a resume needs); best.pt when the epoch improved (a copy of last.pt,
+    else written as last.pt would be); with --keep-every the epoch's evaluated weights alone
+    as epoch-NNN.pt."""
     settings, run_dir = task.settings, Path(task.settings.out_dir)
     kept = ("epoch", "best_val_accuracy", "best_epoch", "reached_target")  # not the timings
     described = dict(train_settings=settings.to_dict(), metrics=row, speed_plan=plan.as_dict(),
                      **{k: state[k] for k in kept})
-    resumable = dict(**training.checkpoint_state(), rng=rng)
-    if task.grad_scaler is not None:
-        resumable["grad_scaler"] = task.grad_scaler.state_dict()
-    save_checkpoint(run_dir / "last.pt", training.evaluated, **resumable, **described)
-    if improved:  # the same checkpoint under another name: copied, not re-serialised
-        atomic_copy(run_dir / "last.pt", run_dir / "best.pt")
+    state_now = dict(**training.checkpoint_state(), rng=rng)
+    if options.grad_scaler is not None:
+        state_now["grad_scaler"] = options.grad_scaler.state_dict()
+    if resumable:
+        save_checkpoint(run_dir / "last.pt", training.evaluated, **state_now, **described)
+        if improved:  # the same checkpoint under another name: copied, not re-serialised
+            atomic_copy(run_dir / "last.pt", run_dir / "best.pt")
+    elif improved:
+        save_checkpoint(run_dir / "best.pt", training.evaluated, **state_now, **described)
     epoch = state["epoch"]
     if settings.keep_every and epoch % settings.keep_every == 0:
         # weights only: a third of last.pt (no Adam moments), enough to evaluate the epoch
@@ -240,34 +312,6 @@ def _out_of_time(settings: TrainSettings, start: float, state: dict, epoch: int,
     log(f"time limit of {settings.time_limit:.0f} s: stopping before epoch {epoch}; continue "
         f"with --resume {settings.out_dir}")
     return True
-
-
-def _train_and_validate(task: Task, step_model, training: Training, epoch: int,
-                        world: World) -> dict:
-    """One epoch of training with a progress bar, then validation: the epoch's metrics row."""
-    optimizer = training.optimizer
-    lr = optimizer.param_groups[0]["lr"]  # the epoch's first step's
-    start = time.perf_counter()
-    with tqdm(total=_epoch_size(task, world), desc=f"epoch {epoch}", unit="img", leave=False,
-              dynamic_ncols=True, disable=not (task.settings.progress and world.is_main)) as bar:
-
-        def on_progress(done: int, loss: float, accuracy: float) -> None:
-            bar.update(done - bar.n)
-            bar.set_postfix(loss=f"{loss:.4f}", acc=f"{accuracy:.4f}")
-
-        train = task.train_epoch(step_model, optimizer, epoch, world, on_progress)
-    seconds = time.perf_counter() - start
-    loss, accuracy = distributed.all_reduce_mean([train["train_loss"], train["train_accuracy"]],
-                                                 world)
-    row = {"epoch": epoch, "lr": lr, "train_loss": loss, "train_accuracy": accuracy,
-           "epoch_seconds": round(seconds, 3),
-           "images_per_second": round(train["images"] * world.size / seconds, 1)}
-    # The plain module (the EMA if any): ranks evaluate different numbers of batches, outside DDP.
-    row.update(task.validate(training.evaluated, world))
-    if training.ema is not None:  # the trained weights too, so one run ablates the average
-        raw = task.validate(unwrap(training.model), world)
-        row.update({f"{key}_raw": value for key, value in raw.items()})
-    return row
 
 
 def _epoch_size(task: Task, world: World) -> int | None:
@@ -318,6 +362,10 @@ def _report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
                 tune_for_inference(m.eval(), device, settings.precision, settings.conv_impl)
         results.update(reached_target=state["reached_target"],
                        **task.final_report(model, best, state, log))
+    now = memory_now(next(model.parameters()).device)
+    results["memory_peak_bytes"] = None if now is None else now[1]  # the test's too
+    if now is not None:
+        log(f"memory: {now[1] / GIB:.2f} GiB peak per process over the whole run")
     write_json(run_dir / "results.json", results)
     return results
 
@@ -340,6 +388,7 @@ def _restore(path: Path, task: Task, training: Training,
     set_rng_state(payload["rng"], world.device, world.rank)
     state = {k: payload[k] for k in ("epoch", "best_val_accuracy", "best_epoch")}
     state["reached_target"] = payload.get("reached_target", False)
+    state["saved_epoch"] = state["epoch"]
     return state, {**{k: payload.get(k) for k in ("speed_plan", "grad_scaler")},
                    "schedule_change": schedule_change}
 
@@ -360,17 +409,11 @@ def speed_plan_for(settings: TrainSettings, model, world: World,
 
 
 def describe_run(run_dir: Path, settings: TrainSettings, model, plan: SpeedPlan,
-                 argv: list[str] | None, memory: MemoryEstimate) -> None:
-    """Write the resolved settings, model config, speed plan, memory estimate and command
-    line into the run directory."""
+                 argv: list[str] | None) -> None:
+    """Write the resolved settings, model config, speed plan and command line into the run
+    directory."""
     write_json(run_dir / "config.json", {
         "settings": settings.to_dict(), "model_config": config_to_dict(unwrap(model).config),
-        "speed": plan.as_dict(), "memory_estimate_bytes": memory.total})
+        "speed": plan.as_dict()})
     command = " ".join(["capsnet", *(argv if argv is not None else sys.argv[1:])])
-    with open(run_dir / "command.txt", "a") as f:
-        f.write(command + "\n")
-
-
-def write_json(path: Path, values: dict) -> None:
-    """``values`` as indented JSON, written atomically."""
-    atomic_write(path, lambda f: f.write(json.dumps(values, indent=2) + "\n"), mode="w")
+    append_text(run_dir / "command.txt", command + "\n")
