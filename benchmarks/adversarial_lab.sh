@@ -72,9 +72,8 @@ for s in $SEEDS; do
       for model in "capsnet paper" "cnn tiny" "cnn paper"; do
         read -r name preset <<< "$model"
         run=runs/advtrain/$1-$name-$preset-$kind-s$s
-        python -m benchmarks.adversarial_train --kind $kind --eps $2 -- --model $name \
-            --preset $preset --dataset $1 --recipe fast --epochs 10 --seed $s --no-progress \
-            --out-dir $run
+        train --adversarial $kind --adversarial-eps $2 --model $name --preset $preset \
+            --dataset $1 --recipe fast --epochs 10 --seed $s --out-dir $run
         attack $run/best.pt --labels $name-$preset-$kind-s$s --dataset $1 --attack pgd,apgd \
             --eps $2 --n $N --out-dir $R/gpu-advtrain-$1
       done
