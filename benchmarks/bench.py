@@ -46,7 +46,7 @@ from capsnet.tuning import SpeedPlan, apply_plan, choose_plan, conv_layers
 REPO = Path(__file__).resolve().parents[1]  # the workers run `python -m benchmarks.bench` here
 REFERENCES = ("seed-style", "broadcast-style")
 # torch.compile modes of the compiled cases; 'reduce-overhead' replays CUDA graphs (GPU only,
-# not among cases_for's defaults: benchmarks/gpu_campaign.py times it on its own)
+# not among cases_for's defaults: asked for by --cases)
 COMPILE_MODES = {"compile": "default", "cudagraphs": "reduce-overhead"}
 SHOWN_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 

@@ -13,8 +13,9 @@ Each stage is an existing command in a process of its own under a time cap:
      against the reference implementation (broadcast-style) in the same run.
   3. official: seeds 1, 2, 3 of `capsnet train --recipe official --monitor-test` at once,
      in the fastest mode of stage 2, each stopped (resumable) by --time-limit before the
-     window closes; a run already in --work is resumed, so a second command continues the
-     same three. Then each seed's weights (float16 safetensors, 15.7 MiB).
+     window closes. Seeds already in --work are resumed in the mode they started in (stage
+     2 skipped), so a second command continues the same three. Then each seed's weights
+     (float16 safetensors, 15.7 MiB).
 --out gets campaign.json (every stage's record, written as it goes), campaign.log,
 seed-N.safetensors and curves.tar.gz (each seed's metrics.csv, results.json, config.json):
 six files, each under 16 MiB. SIGTERM writes what is done. Standard library only.
@@ -28,6 +29,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -220,6 +222,7 @@ def speed(c: Campaign) -> dict:
             c.write("speed", **{mode: {"ok": None, "skipped": why[mode]}})
             continue
         run_dir = c.work / "speed" / mode
+        shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run (metrics.csv appends)
         cap = min(c.p["epoch_run"], deadline - time.monotonic())
         record = Job(c, mode, c.train(run_dir, "--epochs", "2", "--val-size", "0",
                                       *c.p["speed_args"], *args), cap).wait(c)
@@ -244,6 +247,7 @@ def seed_argv(c: Campaign, run_dir: Path, seed: int, mode_args: tuple, limit: in
     if (run_dir / "last.pt").is_file():
         return c.capsnet("train", "--resume", str(run_dir), "--time-limit", str(limit),
                          "--no-progress")
+    shutil.rmtree(run_dir, ignore_errors=True)  # what a run stopped before its first epoch left
     return c.train(run_dir, "--recipe", "official", "--seed", str(seed), "--monitor-test",
                    "--time-limit", str(limit), *c.p["official_args"], *mode_args)
 
@@ -270,13 +274,16 @@ def official(c: Campaign, timed: dict) -> None:
 
 
 def seed_records(root: Path) -> dict:
-    """Each seed's epochs done, its last test error and, once stopped, its results."""
+    """Each seed's epochs done, its last epoch's row and test error (--monitor-test), and
+    once it has run all its epochs, its tested results."""
     found = {}
     for run_dir in sorted(root.glob("seed-*")):
         curve = read_curve(run_dir)
         results = json.loads((run_dir / "results.json").read_text()) if (
             run_dir / "results.json").is_file() else {}
+        monitored = curve[-1].get("test_accuracy_monitoring") if curve else None
         found[run_dir.name] = {"epochs": len(curve), "last": curve[-1] if curve else None,
+                               "last_test_error": None if monitored is None else 1 - monitored,
                                "complete": results.get("complete"),
                                "final_test": results.get("final")}
     return found
@@ -325,7 +332,11 @@ def main(argv: list[str] | None = None) -> int:
             shrink_mnist(Path(c.data_dir), c.work / "mnist", *c.p["shrink"])
             c.data_dir = str(c.work / "mnist")
         health(c)
-        official(c, speed(c))
+        if any((c.work / "official").glob("seed-*/last.pt")):  # a second command: train
+            c.write("speed", skipped="seeds in --work resumed: the first command timed them")
+            official(c, {})
+        else:
+            official(c, speed(c))
         c.write("state", done=True)
     except Stopped:
         c.log("SIGTERM: writing what is done")

@@ -185,7 +185,7 @@ def test_missing_data_is_a_one_line_error_naming_the_files(command, full_run, tm
 
 @pytest.mark.parametrize("options, match", [
     (["--model", "efficient", "--routing", "inverted-attention"],
-     "--routing is not an option of --model efficient (only of --model capsnet)"),
+     "--routing is not an option of --model efficient (only of --model capsnet, capshead)"),
     (["--routing", "self-attention", "--routing-iterations", "2"],
      "self-attention routing takes no routing_iterations; it is an option of dynamic, "),
     (["--model", "cnn", "--input-norm", "image"],

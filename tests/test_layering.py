@@ -17,9 +17,9 @@ LAYERS = [
     ["routing", "data", "devices", "losses", "writers"],
     ["layers"],
     ["models"],  # assemblies and their registry
-    ["checkpoint", "tuning", "preprocess", "routing_trace"],
+    ["checkpoint", "tuning", "preprocess", "routing_trace", "attacks"],
     ["pretrained", "inference", "training", "export"],
-    ["experiments", "attacks"],
+    ["experiments"],
     ["figures"],
     ["capsnet"],  # the package's public names
     ["web"],

@@ -114,3 +114,21 @@ def test_margin_weight_halves_only_the_margin_loss():
     absent = 0.5 * ((0.2 - 0.1) ** 2 + (0.3 - 0.1) ** 2 + (0.6 - 0.1) ** 2) / 2
     assert 0.5 * margin_loss(lengths, labels).item() == pytest.approx(
         0.5 * present + 0.5 * absent)
+
+
+def test_the_training_step_takes_the_recipes_margin_weight():
+    from types import SimpleNamespace
+
+    from capsnet.training.runner import Task
+
+    torch.manual_seed(0)
+    model = CapsNet(CapsNetConfig(conv1_channels=32, primary_types=8, decoder_hidden=(64, 128)))
+    batch = (torch.rand(2, 1, 28, 28), torch.tensor([4, 9]))  # (B, 1, 28, 28), (B,)
+    losses = {}
+    for recipe in ("paper", "official"):
+        task = SimpleNamespace(settings=TrainSettings(recipe=recipe))
+        losses[recipe] = Task.batch_loss(task, model, batch, 1.0)[0]
+    with torch.no_grad():
+        out = model(*batch)
+    margin = margin_loss(out.scores, batch[1])
+    torch.testing.assert_close(losses["paper"] - losses["official"], 0.5 * margin)

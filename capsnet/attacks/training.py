@@ -22,6 +22,16 @@ FGSM_RS_STEP = 1.25  # FGSM-RS's step, x eps (Wong et al. 2020)
 PGD_STEP_FACTOR = 2.5  # PGD's default step, x eps / steps (as capsnet.attacks.methods)
 
 
+def check_adversarial(kind: str, eps: float | None, steps: int) -> None:
+    """A one-line ValueError for an adversarial training that cannot run."""
+    if kind not in ADVERSARIAL_KINDS:
+        raise ValueError(f"unknown adversarial training {kind!r}; choose from "
+                         f"{', '.join(ADVERSARIAL_KINDS)}")
+    if eps is None or eps <= 0 or steps < 1:
+        raise ValueError(f"adversarial training needs a positive eps (given: {eps}; e.g. 0.3 "
+                         f"on MNIST, 0.1 on Fashion-MNIST) and at least 1 step (given: {steps})")
+
+
 def adversarial_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, kind: str,
                       eps: float, steps: int = 10, step_size: float | None = None,
                       generator: torch.Generator | None = None) -> torch.Tensor:
@@ -29,11 +39,7 @@ def adversarial_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, kind: 
     labels y (B,), in the L-inf eps-ball: ``fgsm-rs``, one step of 1.25 eps from a uniform
     random start; ``pgd``, ``steps`` steps of ``step_size`` (default 2.5 eps / steps) from
     a random start. Detached: the caller trains on them as on clean images."""
-    if kind not in ADVERSARIAL_KINDS:
-        raise ValueError(f"unknown adversarial training {kind!r}; choose from "
-                         f"{', '.join(ADVERSARIAL_KINDS)}")
-    if eps <= 0 or steps < 1:
-        raise ValueError(f"eps ({eps}) must be positive and steps ({steps}) at least 1")
+    check_adversarial(kind, eps, steps)
     if kind == "fgsm-rs":
         steps, step_size = 1, FGSM_RS_STEP * eps
     elif step_size is None:

@@ -7,6 +7,7 @@ import sys
 
 from torch import nn
 
+from capsnet.attacks.training import ADVERSARIAL_KINDS
 from capsnet.checkpoint import CheckpointError, load_model
 from capsnet.config import INPUT_NORMS, ConfigError
 from capsnet.data.datasets import DATASET_NAMES
@@ -139,6 +140,15 @@ def add_recipe_args(p: argparse.ArgumentParser, models: tuple[str, ...] | None =
                    help="CapsNet with an iterative router, and EM (default: 3)")
     p.add_argument("--reconstruction-weight", type=float, default=DEFAULTS.reconstruction_weight,
                    help="0 trains CapsNet without the decoder")
+    p.add_argument("--adversarial", default=None, choices=ADVERSARIAL_KINDS,
+                   help="adversarial training: each batch replaced by the model's own attacked "
+                        "images, 'fgsm-rs' (fast adversarial training, FGSM from a random "
+                        "start) or 'pgd' (--adversarial-steps steps); needs --adversarial-eps")
+    p.add_argument("--adversarial-eps", type=float, default=None,
+                   help="--adversarial: the L-inf radius (e.g. 0.3 on MNIST, 0.1 on "
+                        "Fashion-MNIST)")
+    p.add_argument("--adversarial-steps", type=int, default=None,
+                   help="--adversarial pgd: steps of the attack (default 10)")
     p.add_argument("--cnn-decoder", default=DEFAULTS.cnn_decoder, choices=CNN_DECODERS,
                    help="--model cnn: a reconstruction decoder fed the last hidden layer, "
                         "'plain' (CNN+R) or 'class-conditional' (CNN+CR; Qin et al. 2020)")

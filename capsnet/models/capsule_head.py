@@ -70,7 +70,7 @@ class CapsuleHeadConfig(NormalisedDataConfig):
     # A reconstruction decoder of C*H*W pixels (as CapsNet's), for small images only: it is
     # not switched on by training's --reconstruction-weight (at 224x224x3 it would hold 154M
     # parameters); the head's capsules stand without it.
-    decoder: bool = False
+    use_decoder: bool = False
     decoder_hidden: tuple[int, ...] = (512, 1024)
 
 
@@ -195,7 +195,7 @@ class CapsuleHeadNet(nn.Module):
         self.head = CapsuleHead(features, cfg)
         image_shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
         self.decoder = (Decoder(cfg.num_classes, cfg.class_dim, cfg.decoder_hidden, image_shape)
-                        if cfg.decoder else None)
+                        if cfg.use_decoder else None)
         self.compute_dtype: torch.dtype | None = None
 
     def features(self, x: torch.Tensor) -> torch.Tensor:

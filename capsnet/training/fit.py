@@ -33,7 +33,6 @@ from capsnet.training.loop import (
     StepOptions,
     classification_batch,
     evaluate,
-    predict_scores,
     train_one_epoch,  # noqa: F401  (capsnet.training.fit.train_one_epoch, as before)
 )
 from capsnet.training.runner import Log, Task, run_task
@@ -171,7 +170,10 @@ class ClassifyTask(Task):
         order = distributed.shard_order(order, world.rank, world.size)  # this rank's share
         generator = torch.Generator(device=device).manual_seed(
             epoch_seed(s.seed, epoch) + 1 + world.rank)
-        augmentation = StepOptions(max_shift=s.max_shift, crop=self.data.crop, augment=s.augment)
+        augmentation = StepOptions(max_shift=s.max_shift, crop=self.data.crop, augment=s.augment,
+                                   adversarial=s.adversarial,
+                                   adversarial_eps=s.adversarial_eps or 0.0,
+                                   adversarial_steps=s.adversarial_steps)
         return order, classification_batch(model, self.data.train.images,
                                            self.data.train.labels, augmentation, generator)
 
@@ -192,22 +194,21 @@ class ClassifyTask(Task):
         kwargs = dict(reconstruction_weight=self.settings.reconstruction_weight)
         test = self.data.test
         final_result = evaluate(final, test.images, test.labels, **kwargs)
-        selected = final if best is None else best
-        scores = predict_scores(selected, test.images)  # (N, J), for ensembles without weights
-        save_test_scores(self.settings.out_dir, scores, test.labels)
+        # the final epoch was the selected one: the same weights, no second evaluation
+        selected = final_result if best is None else evaluate(best, test.images, test.labels,
+                                                              **kwargs)
+        # the selected model's test scores (N, J), for ensembles without weights
+        save_test_scores(self.settings.out_dir, selected.scores, test.labels)
         results = {"final": final_result.as_dict()}
         if not len(self.data.val_idx):
             log(f"test accuracy {final_result.accuracy:.4f} (error "
                 f"{100 * final_result.error:.2f}%) after the final epoch {state['epoch']} "
                 f"(no validation split)")
             return results
-        # the final epoch was the selected one: the same weights, no second evaluation
-        best_result = final_result if best is None else evaluate(best, test.images, test.labels,
-                                                                 **kwargs)
-        log(f"test accuracy {best_result.accuracy:.4f} (error {100 * best_result.error:.2f}%) "
+        log(f"test accuracy {selected.accuracy:.4f} (error {100 * selected.error:.2f}%) "
             f"for the validation-selected epoch {state['best_epoch']}; "
             f"{final_result.accuracy:.4f} for the final epoch {state['epoch']}")
-        return {**results, "best": best_result.as_dict()}
+        return {**results, "best": selected.as_dict()}
 
 
 def own_datasets(data: Any, test_data: Any = None) -> Datasets:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from capsnet.attacks.training import adversarial_batch
 from capsnet.data.augment_efficient import efficient_augment
 from capsnet.data.image_dataset import to_model_input
 from capsnet.data.transforms import random_crop, random_shift
@@ -49,6 +50,10 @@ class StepOptions:
     # over the run (the spread loss's margin) take each step's; (1, 1): the final loss
     run_span: tuple[float, float] = (1.0, 1.0)
     augment: str = "shift"  # 'shift' (max_shift, or crop) or 'efficient' (Efficient-CapsNet's)
+    # adversarial training (capsnet.attacks.training): 'fgsm-rs', 'pgd' or None, its eps, steps
+    adversarial: str | None = None
+    adversarial_eps: float = 0.0
+    adversarial_steps: int = 10
 
     def __post_init__(self) -> None:
         if self.augment == "efficient" and self.crop is not None:
@@ -139,19 +144,23 @@ def classification_batch(model: nn.Module, images: torch.Tensor, labels: torch.T
     def make_batch(idx: torch.Tensor) -> Batch:
         x = augment(to_model_input(images[idx]), options, generator)  # (B, C, H, W)
         y = labels[idx]  # (B,)
-        # adversarial training would replace x here, e.g. x = adversarial_batch(model, x, y)
+        if options.adversarial is not None:  # the model's own attacked images instead
+            x = adversarial_batch(model, x, y, options.adversarial, options.adversarial_eps,
+                                  options.adversarial_steps, generator=generator)
         return x, y
     return make_batch
 
 
 def classification_loss(model: nn.Module, batch: Batch, run_fraction: float | torch.Tensor,
-                        reconstruction_weight: float = 0.0005
+                        reconstruction_weight: float = 0.0005, margin_weight: float = 1.0
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's loss on a batch (x (B, C, H, W), y (B,)): margin, spread or cross entropy,
-    plus the weighted reconstruction; and its top-1 hits."""
+    """The model's loss on a batch (x (B, C, H, W), y (B,)): margin (times
+    ``margin_weight``), spread or cross entropy, plus the weighted reconstruction; and its
+    top-1 hits."""
     x, y = batch
     out = model(x, y)  # in the model's compute precision
-    loss = model_loss(out, x, y, reconstruction_weight, run_fraction=run_fraction)  # float32
+    loss = model_loss(out, x, y, reconstruction_weight, run_fraction=run_fraction,
+                      margin_weight=margin_weight)  # float32
     return loss, (class_scores(out).argmax(-1) == y).sum()
 
 
@@ -164,13 +173,13 @@ def cuda_graphed(step: Step, warmup_steps: int = GRAPH_WARMUP_STEPS) -> Step:
     ``capturable=True`` and a learning rate that is a device tensor (a scheduler then fills
     it), no fp16 gradient scaler and no DDP; the model must not read values back."""
     graph, static_batch, static_fraction, static_out = None, None, None, None
-    eager_steps = 0
+    eager_steps, side = 0, None
 
     def shapes(batch: Batch) -> list[torch.Size]:
         return [t.shape for t in batch]
 
     def graphed(batch: Batch, run_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
-        nonlocal graph, static_batch, static_fraction, static_out, eager_steps
+        nonlocal graph, static_batch, static_fraction, static_out, eager_steps, side
         if graph is not None and shapes(batch) == shapes(static_batch):
             for static, given in zip(static_batch, batch, strict=True):
                 static.copy_(given)
@@ -186,7 +195,7 @@ def cuda_graphed(step: Step, warmup_steps: int = GRAPH_WARMUP_STEPS) -> Step:
             graph.replay()  # capturing ran nothing: this is the step
             return static_out
         eager_steps += 1
-        side = torch.cuda.Stream()
+        side = side or torch.cuda.Stream(batch[0].device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             out = step(batch, run_fraction)
@@ -227,6 +236,7 @@ class EvalResult:
     accuracy: float
     loss: float
     confusion: torch.Tensor  # (J, J) int64, rows: true class, columns: predicted
+    scores: torch.Tensor | None = field(default=None, repr=False)  # (N, J) float32
 
     @property
     def error(self) -> float:
@@ -256,19 +266,21 @@ def predict_scores(model: nn.Module, images: torch.Tensor, batch_size: int = 500
 @torch.no_grad()
 def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
              batch_size: int = 500, reconstruction_weight: float = 0.0005) -> EvalResult:
-    """Accuracy, mean loss and confusion matrix on uint8 images (N, H, W), labels (N,)."""
+    """Accuracy, mean loss, confusion matrix and class scores (those of
+    :func:`predict_scores`) on uint8 images (N, H, W), labels (N,)."""
     model.eval()
     device = images.device
     loss_sum = torch.zeros((), device=device)
-    predictions = []
+    scores = []
     for x_u8, y in zip(images.split(batch_size), labels.split(batch_size), strict=False):
         x = to_model_input(x_u8)
         out = model(x)
         loss_sum += model_loss(out, x, y, reconstruction_weight).float() * y.numel()
-        predictions.append(class_scores(out).argmax(-1))
-    predicted = torch.cat(predictions)
-    num_classes = class_scores(out).shape[-1]
+        scores.append(class_scores(out).float())  # (B, J)
+    all_scores = torch.cat(scores)  # (N, J)
+    predicted = all_scores.argmax(-1)
+    num_classes = all_scores.shape[-1]
     confusion = torch.bincount(labels * num_classes + predicted,
                                minlength=num_classes**2).view(num_classes, num_classes).cpu()
     accuracy = (predicted == labels).float().mean().item()
-    return EvalResult(accuracy, loss_sum.item() / labels.numel(), confusion)
+    return EvalResult(accuracy, loss_sum.item() / labels.numel(), confusion, all_scores)

@@ -45,6 +45,7 @@ from capsnet.training.metrics_log import log_metrics, tensorboard_writer, trim_m
 from capsnet.training.optimisation import Training, build_training, initialise_from_data
 from capsnet.training.settings import TrainSettings, resume_checkpoint
 from capsnet.tuning import (
+    GIB,
     MemoryExceeded,
     SpeedPlan,
     apply_plan,
@@ -96,7 +97,8 @@ class Task:
         """A training batch's loss (float32 scalar) and count of right answers: the
         classifier's (:func:`~capsnet.training.loop.classification_loss`) unless overridden."""
         return classification_loss(model, batch, run_fraction,
-                                   self.settings.reconstruction_weight)
+                                   self.settings.reconstruction_weight,
+                                   self.settings.margin_weight)
 
     def validate(self, model: nn.Module, world: World) -> dict:
         """{'val_accuracy', ...} of the plain (unwrapped) model; {} without validation."""
@@ -362,6 +364,8 @@ def _report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
                        **task.final_report(model, best, state, log))
     now = memory_now(next(model.parameters()).device)
     results["memory_peak_bytes"] = None if now is None else now[1]  # the test's too
+    if now is not None:
+        log(f"memory: {now[1] / GIB:.2f} GiB peak per process over the whole run")
     write_json(run_dir / "results.json", results)
     return results
 

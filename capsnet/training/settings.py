@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from capsnet.attacks.training import check_adversarial
 from capsnet.models import check_options, has_option, model_entry
 
 SCHEDULES = ("exp", "cosine")
@@ -114,6 +115,11 @@ class TrainSettings:
     augment: str | None = None  # 'shift' (max_shift) or 'efficient' (Efficient-CapsNet's)
     max_shift: int | None = None  # 'shift': random translations of up to this many pixels
     crop: int | None = None  # random crops in training (instead of shifts), centre crop to evaluate
+    # adversarial training: each augmented batch replaced by attacked images of the model
+    # being trained (capsnet.attacks.training: 'fgsm-rs' or 'pgd'), in the L-inf eps-ball
+    adversarial: str | None = None
+    adversarial_eps: float | None = None  # e.g. 0.3 on MNIST, 0.1 on Fashion-MNIST
+    adversarial_steps: int = 10  # 'pgd': its steps ('fgsm-rs' takes one)
     image_size: int | None = None  # resize the images to N x N (default: their own size)
     channels: int | None = None  # 1 (grey) or 3 (RGB); default: the data's own
     input_norm: str = "auto"  # CapsNet: 'none', 'image' or 'auto' (data.model_view.input_norm_for)
@@ -188,6 +194,13 @@ class TrainSettings:
         if self.augment != "shift" and self.crop is not None:
             raise ValueError(f"crop takes the place of augment 'shift'; it does not combine "
                              f"with augment {self.augment!r}")
+        if self.adversarial is not None and self.task != "classify":
+            raise ValueError(f"adversarial training is an option of the classification runs "
+                             f"(capsnet train, repeat), not of {self.task}")
+        if self.adversarial is not None:
+            check_adversarial(self.adversarial, self.adversarial_eps, self.adversarial_steps)
+        elif self.adversarial_eps is not None:
+            raise ValueError("adversarial_eps needs adversarial ('fgsm-rs' or 'pgd')")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be a positive number of epochs, "
                              f"not {self.checkpoint_every}")
