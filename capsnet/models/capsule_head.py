@@ -67,9 +67,9 @@ class CapsuleHeadConfig(NormalisedDataConfig):
     coordinate_addition: bool = True
     routing: str = "dynamic"  # any capsnet.routing.ROUTERS name
     routing_iterations: int = 3
-    # A reconstruction decoder of C*H*W pixels (as CapsNet's), for small images only: it is
-    # not switched on by training's --reconstruction-weight (at 224x224x3 it would hold 154M
-    # parameters); the head's capsules stand without it.
+    # A reconstruction decoder of C*H*W pixels, as CapsNet's: `capsnet train` switches it on
+    # with --reconstruction-weight > 0 (its default); for large images pass 0 (at 224x224x3
+    # it would hold 154M parameters). create_model leaves it off.
     use_decoder: bool = False
     decoder_hidden: tuple[int, ...] = (512, 1024)
 
