@@ -30,7 +30,7 @@ import torch
 from benchmarks import sweep
 from benchmarks.bench import describe_device, wall_clock
 from benchmarks.sweep import Column, Study, Variant, percent
-from capsnet import writers
+from capsnet.atomic import write_json
 from capsnet.checkpoint import model_from_checkpoint
 from capsnet.data.model_view import load_test_set
 from capsnet.data.transforms import AffineRanges
@@ -103,7 +103,7 @@ def evaluate(run: Path, row: dict, device: torch.device, measure: bool) -> dict 
                                AffineRanges(), seed=TEST_SEED)
         record["affine"] = {"accuracy": affine["accuracy"], "images": affine["images"],
                             "seed": TEST_SEED, "ranges": AffineRanges().describe()}
-    writers.write_json(path, record)
+    write_json(path, record)
     return record
 
 

@@ -35,6 +35,7 @@ import torch
 from benchmarks.bench import describe_device
 from benchmarks.make_data import STUDY_SETS
 from capsnet import writers
+from capsnet.atomic import write_json
 from capsnet.cli.args import settings_from_args
 from capsnet.cli.main import build_parser
 from capsnet.devices import pick_device
@@ -219,7 +220,7 @@ def report(study: Study, args: argparse.Namespace, device: torch.device) -> dict
                 "metrics.csv, validation excluded)")
     print("\n" + "\n\n".join(text))
     write_atomic(Path(args.out_dir) / f"{study.name}.md", "\n\n".join(text))
-    writers.write_json(Path(args.out_dir) / f"{study.name}.json", record)
+    write_json(Path(args.out_dir) / f"{study.name}.json", record)
     return record
 
 

@@ -35,19 +35,31 @@ def squash_parts(s: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, ...]:
 
 class Squash(torch.autograd.Function):
     """squash with its analytic gradient, grad_s = k (g + (1 - 2 f) u (u . g)) for the
-    output's gradient g: seven kernels instead of autograd's forty."""
+    output's gradient g: seven kernels instead of autograd's forty. Its backward is itself
+    differentiable (a gradient penalty, ``torch.func``): with ``create_graph`` the parts are
+    recomputed from s under autograd, else the forward's are reused."""
 
     @staticmethod
-    def forward(ctx, s: torch.Tensor, dim: int) -> torch.Tensor:
+    def forward(s: torch.Tensor, dim: int) -> tuple[torch.Tensor, ...]:
         u, k, f = squash_parts(s, dim)
-        ctx.save_for_backward(u, k, f)
-        ctx.dim = dim
-        return u * f
+        return u * f, u, k, f  # v, and the parts the backward reuses
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, None]:
-        u, k, f = ctx.saved_tensors
+    def setup_context(ctx, inputs, output) -> None:
+        s, dim = inputs
+        _, u, k, f = output
+        ctx.mark_non_differentiable(u, k, f)
+        ctx.set_materialize_grads(False)  # no zero gradients made for the parts
+        ctx.save_for_backward(s, u, k, f)
+        ctx.dim = dim
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor | None, *_) -> tuple[torch.Tensor | None, None]:
+        if g is None:  # v had no gradient (gradients are not materialised)
+            return None, None
+        s, u, k, f = ctx.saved_tensors
+        if torch.is_grad_enabled():  # a graph of the gradient itself: parts with their graph
+            u, k, f = squash_parts(s, ctx.dim)
         along = (u * g).sum(dim=ctx.dim, keepdim=True)  # u . g
         return torch.addcmul(g, u, along * (1 - 2 * f)) * k, None
 
@@ -57,7 +69,7 @@ def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
     at s = 0 (v = 0, gradient 0) and for huge vectors (unit length, finite gradient). Under
     autograd :class:`Squash` (the analytic gradient); without (inference, export) plain ops."""
     if s.requires_grad and torch.is_grad_enabled() and not torch.jit.is_tracing():
-        return Squash.apply(s, dim)
+        return Squash.apply(s, dim)[0]
     u, _, f = squash_parts(s, dim)
     return u * f
 

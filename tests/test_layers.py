@@ -83,6 +83,12 @@ def test_squash_gradient_matches_finite_differences():
     assert torch.autograd.gradcheck(squash, (s,))
 
 
+def test_squash_second_derivatives_match_finite_differences():
+    # a gradient penalty or torch.func differentiates the fused backward itself
+    s = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(squash, (s,))
+
+
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
 def test_squash_gradient_matches_finite_differences_at_all_lengths(scale):
     s = (scale * torch.randn(3, 5, 4, dtype=torch.float64)).requires_grad_(True)

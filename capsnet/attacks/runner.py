@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from capsnet import writers
+from capsnet.atomic import write_json
 from capsnet.attacks.detection import Detector, detection_metrics, image_scores
 from capsnet.attacks.objectives import predict
 from capsnet.attacks.registry import DEFAULT_SETTINGS, AttackSettings, attack_spec, run_attack
@@ -112,7 +113,7 @@ def run_grid(models: Sequence[tuple[str, nn.Module]], attacks: Sequence[str],
                 row = attack_row(label, model, attack, eps, x, y, settings,
                                  (detectors or {}).get(label, ()), source_model, source_label,
                                  minimal_norm_cache)
-                writers.write_json(path, row)
+                write_json(path, row)
                 rows.append(row)
                 log(f"{label} {attack} eps {eps:g}: robust accuracy "
                     f"{PERCENT * row['robust_accuracy']:.1f}% ({row['seconds']:.1f} s)")
