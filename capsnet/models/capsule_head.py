@@ -120,8 +120,8 @@ def feature_shape(backbone: nn.Module, in_channels: int, image_size: int) -> tup
 
 class CapsuleHead(nn.Module):
     """Features (B, C, H, W) -> primary capsules (B, H', W', T, d) -> convolutional capsule
-    layers -> class capsules: :class:`capsnet.routing.Routed` poses (B, J, D), activations
-    (B, J). Built for the feature shape it is given."""
+    layers -> class capsules: poses (B, J, D) and activations (B, J). Built for the feature
+    shape (C, H, W) it is given."""
 
     def __init__(self, features: tuple[int, int, int], cfg: CapsuleHeadConfig):
         super().__init__()
