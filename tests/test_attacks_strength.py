@@ -188,3 +188,4 @@ def test_adversarial_batch_names_the_choices(data):
     x, y = data
     with pytest.raises(ValueError, match="choose from fgsm-rs, pgd"):
         adversarial_batch(trained("cnn"), x, y, "trades", 0.1)
+
