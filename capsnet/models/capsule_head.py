@@ -67,10 +67,10 @@ class CapsuleHeadConfig(NormalisedDataConfig):
     coordinate_addition: bool = True
     routing: str = "dynamic"  # any capsnet.routing.ROUTERS name
     routing_iterations: int = 3
-    # A reconstruction decoder of C*H*W pixels, as CapsNet's: `capsnet train` switches it on
-    # with --reconstruction-weight > 0 (its default); for large images pass 0 (at 224x224x3
-    # it would hold 154M parameters). create_model leaves it off.
-    use_decoder: bool = False
+    # A reconstruction decoder of C*H*W pixels, as CapsNet's, for small images only: off
+    # unless asked for (at 224x224x3 it would hold 154M parameters); --reconstruction-weight
+    # weighs its loss when it is on. Not named use_decoder, which training switches on.
+    reconstruct: bool = False
     decoder_hidden: tuple[int, ...] = (512, 1024)
 
 
@@ -195,7 +195,7 @@ class CapsuleHeadNet(nn.Module):
         self.head = CapsuleHead(features, cfg)
         image_shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
         self.decoder = (Decoder(cfg.num_classes, cfg.class_dim, cfg.decoder_hidden, image_shape)
-                        if cfg.use_decoder else None)
+                        if cfg.reconstruct else None)
         self.compute_dtype: torch.dtype | None = None
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
