@@ -29,6 +29,8 @@ from capsnet.data.image_dataset import to_model_input
 from capsnet.data.model_view import load_test_set
 from capsnet.models import count_parameters
 
+# The capsule heads without a decoder: the linear head has none (CapsNet keeps the paper's)
+NO_DECODER = ("--reconstruction-weight", "0")
 BATCH = 32  # every variant's: 3,000 images are ~84 steps an epoch
 ACTIVE_LENGTH = 0.1  # a capsule counts as active above this length (activation)
 EVALUATION_BATCH = 100
@@ -73,9 +75,9 @@ def evaluate(run_dir: Path, row: dict, device: torch.device, measure: bool) -> d
 STUDY = Study(
     name="bigger_images", doc=__doc__,
     variants={"capsnet-small": variant("--model", "capsnet", "--preset", "small"),
-              "capshead-conv": variant("--model", "capshead", "--preset", "conv"),
-              "capshead": variant("--model", "capshead"),
-              "capshead-deep": variant("--model", "capshead", "--preset", "deep"),
+              "capshead-conv": variant("--model", "capshead", "--preset", "conv", *NO_DECODER),
+              "capshead": variant("--model", "capshead", *NO_DECODER),
+              "capshead-deep": variant("--model", "capshead", "--preset", "deep", *NO_DECODER),
               "cnn-tiny": variant("--model", "cnn", "--preset", "tiny"),
               "stemcnn": variant("--model", "stemcnn")},
     default_variants=("capsnet-small", "capshead-conv", "capshead", "cnn-tiny", "stemcnn"),

@@ -154,3 +154,14 @@ def test_the_head_takes_a_bf16_backbone():
     model.compute_dtype = torch.bfloat16
     out = model(images(side=40))
     assert out.scores.dtype == torch.float32 and torch.isfinite(out.scores).all()
+
+
+def test_training_an_impossible_size_is_one_line_before_anything_is_allocated():
+    from capsnet.config import ConfigError
+    from capsnet.training.optimisation import build_training
+    from capsnet.training.settings import TrainSettings
+
+    settings = TrainSettings(model="capsnet", progress=False)
+    too_big = {"image_size": 224, "in_channels": 3, "num_classes": 1000}
+    with pytest.raises(ConfigError, match="use 'capshead'"):
+        build_training(settings, too_big, torch.device("cpu"))

@@ -25,7 +25,8 @@ def test_create_model_builds_the_preset_with_checked_overrides():
     assert isinstance(create_model("cnn-tiny"), CNNBaseline)
     with pytest.raises(ConfigError, match="unknown option 'num_clases' for capsnet"):
         create_model("capsnet-small", num_clases=5)
-    with pytest.raises(ConfigError, match="unknown model name 'em-half'; choose from capshead, .*capsnet, "):
+    with pytest.raises(ConfigError,
+                       match="unknown model name 'em-half'; choose from capshead, .*capsnet, "):
         create_model("em-half")
 
 

@@ -10,11 +10,17 @@ from torch import nn
 from capsnet.attacks.training import ADVERSARIAL_KINDS
 from capsnet.checkpoint import CheckpointError, load_model
 from capsnet.config import INPUT_NORMS, ConfigError
-from capsnet.data.datasets import DATASET_NAMES
+from capsnet.data.datasets import DATASET_NAMES, FOLDER, load_dataset, load_split
 from capsnet.data.folder import FolderDatasetError, format_skipped_warning
 from capsnet.data.idx import IDXError
 from capsnet.data.image_dataset import ImageDataset
-from capsnet.data.model_view import load_test_set
+from capsnet.data.model_view import (
+    AUTO_MODEL,
+    LARGE_IMAGE_SIZE,
+    MANY_CLASSES,
+    load_test_set,
+    model_for_data,
+)
 from capsnet.data.sources import DataNotFoundError
 from capsnet.devices import pick_device, tune_backends
 from capsnet.extras import MissingExtraError
@@ -121,9 +127,16 @@ def load_cli_model(args: argparse.Namespace, source: str | None = None) -> nn.Mo
 def add_recipe_args(p: argparse.ArgumentParser, models: tuple[str, ...] | None = None) -> None:
     """Model, data and optimisation options of every training command (``models``: the
     --model choices, default every registered one); only the model options given are checked."""
-    models = models or tuple(MODELS)
-    p.add_argument("--model", default=models[0], choices=list(models),
-                   help="; ".join(f"{name}: {MODELS[name].summary}" for name in models))
+    choices = list(models or MODELS)
+    if models is None:  # train and repeat: the model the data calls for
+        choices.append(AUTO_MODEL)
+    p.add_argument("--model", default=None if models is None else models[0], choices=choices,
+                   help="; ".join(f"{name}: {MODELS[name].summary}" for name in choices
+                                  if name in MODELS)
+                   + ("; auto: the model the data's size and classes call for (capshead from "
+                      f"{LARGE_IMAGE_SIZE} px or {MANY_CLASSES} classes, else capsnet), as "
+                      "create_model('auto'); the default for --dataset folder, else capsnet"
+                      if models is None else ""))
     p.add_argument("--preset", default=DEFAULTS.preset, choices=preset_names(),
                    help="layer sizes: 'paper', 'half' (half the paper's channels: the affNIST "
                         "CNN at about the paper CNN's parameter count), the narrow 'small' for "
@@ -293,10 +306,31 @@ def check_model_flags(args: argparse.Namespace) -> None:
                               f"--model {', '.join(takers)})")
 
 
+def model_for_run(args: argparse.Namespace) -> str:
+    """--model as given; 'auto' (the default for a folder, else 'capsnet') resolved from the
+    training images' size and classes by :func:`capsnet.data.model_view.model_for_data`."""
+    if args.model not in (None, AUTO_MODEL):
+        return args.model
+    if args.model is None and args.dataset != FOLDER:
+        return DEFAULTS.model
+    if args.dataset == FOLDER:
+        train, _ = load_dataset(FOLDER, args.data_dir, image_size=args.image_size,
+                                channels=args.channels, progress=False,
+                                skip_bad=getattr(args, "skip_bad_images", False))
+    else:
+        train = load_split(args.dataset, "train", args.data_dir, args.download)
+    size = args.image_size or train.image_size[0]
+    model = model_for_data(size, len(train.classes))
+    print(f"--model auto: {model} for {size}x{size} images of {len(train.classes)} classes")
+    return model
+
+
 def settings_from_args(args: argparse.Namespace, **fixed) -> TrainSettings:
     """The run's settings: those given on the command line (``fixed`` values override them;
     options left at None take the dataclass default), or with --resume the stopped run's own
     settings with --device, --no-progress and, when given, --epochs and --lr-decay."""
+    if not getattr(args, "resume", None):
+        args.model = model_for_run(args)
     check_model_flags(args)
     values = {k: v for k, v in vars(args).items()
               if k in TrainSettings.__dataclass_fields__ and v is not None}

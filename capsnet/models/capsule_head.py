@@ -67,10 +67,10 @@ class CapsuleHeadConfig(NormalisedDataConfig):
     coordinate_addition: bool = True
     routing: str = "dynamic"  # any capsnet.routing.ROUTERS name
     routing_iterations: int = 3
-    # A reconstruction decoder of C*H*W pixels (as CapsNet's), for small images only: it is
-    # not switched on by training's --reconstruction-weight (at 224x224x3 it would hold 154M
-    # parameters); the head's capsules stand without it.
-    use_decoder: bool = False
+    # A reconstruction decoder of C*H*W pixels, as CapsNet's, for small images only: off
+    # unless asked for (at 224x224x3 it would hold 154M parameters); --reconstruction-weight
+    # weighs its loss when it is on. Not named use_decoder, which training switches on.
+    reconstruct: bool = False
     decoder_hidden: tuple[int, ...] = (512, 1024)
 
 
@@ -120,8 +120,8 @@ def feature_shape(backbone: nn.Module, in_channels: int, image_size: int) -> tup
 
 class CapsuleHead(nn.Module):
     """Features (B, C, H, W) -> primary capsules (B, H', W', T, d) -> convolutional capsule
-    layers -> class capsules: :class:`capsnet.routing.Routed` poses (B, J, D), activations
-    (B, J). Built for the feature shape it is given."""
+    layers -> class capsules: poses (B, J, D) and activations (B, J). Built for the feature
+    shape (C, H, W) it is given."""
 
     def __init__(self, features: tuple[int, int, int], cfg: CapsuleHeadConfig):
         super().__init__()
@@ -195,7 +195,7 @@ class CapsuleHeadNet(nn.Module):
         self.head = CapsuleHead(features, cfg)
         image_shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
         self.decoder = (Decoder(cfg.num_classes, cfg.class_dim, cfg.decoder_hidden, image_shape)
-                        if cfg.use_decoder else None)
+                        if cfg.reconstruct else None)
         self.compute_dtype: torch.dtype | None = None
 
     def features(self, x: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from capsnet.data.image_dataset import (
     stratified_split,
     to_model_input,
 )
-from capsnet.data.model_view import conv1_stride_for, input_norm_for
+from capsnet.data.model_view import batch_size_for, conv1_stride_for, input_norm_for
 from capsnet.data.transforms import center_crop
 from capsnet.models import PRESET_CROPS, make_config
 from capsnet.training import distributed
@@ -158,10 +158,16 @@ class ClassifyTask(Task):
         return data_overrides(self.settings, self.data)
 
     def describe(self, world: World) -> str:
-        d = self.data
-        return (f"{self.settings.model} on {self.settings.dataset}: {len(d.train_idx)} training, "
+        d, s = self.data, self.settings
+        line = (f"{s.model} on {s.dataset}: {len(d.train_idx)} training, "
                 f"{len(d.val_idx)} validation, {len(d.test.labels)} test images; device "
                 f"{world.device}" + (f" x {world.size} processes" if world.distributed else ""))
+        enough = batch_size_for(len(d.train_idx), s.batch_size)
+        if enough < s.batch_size:  # a small folder: too few optimiser steps to learn
+            line += (f"\nwarning: {-(-len(d.train_idx) // s.batch_size)} optimiser steps an "
+                     f"epoch at batch {s.batch_size}; --batch-size {enough} gives "
+                     f"{-(-len(d.train_idx) // enough)}")
+        return line
 
     def epoch_batches(self, model: nn.Module, epoch: int, world: World
                       ) -> tuple[torch.Tensor, MakeBatch]:

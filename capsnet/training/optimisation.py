@@ -14,6 +14,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from capsnet.checkpoint import CheckpointError
 from capsnet.models import build_model, entry_of, has_option, make_config, unwrap
+from capsnet.models.sizing import check_fits
 from capsnet.training.settings import TrainSettings
 
 
@@ -194,6 +195,7 @@ def build_training(settings: TrainSettings, overrides: dict, device: torch.devic
                if has_option(settings.model, name)}
     config = make_config(settings.model, settings.preset,
                          **{**derived, **settings.model_options()})
+    check_fits(config, settings.model)  # one line, not an allocator's crash
     model = build_model(config).to(device)
     if settings.cuda_graph and device.type == "cuda":  # a step a CUDA graph can hold
         optimizer = torch.optim.Adam(model.parameters(), capturable=True, fused=True,
