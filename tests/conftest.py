@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from capsnet.data.idx import write_idx
+from tests.helpers_idx import write_idx
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST_DIR = Path(os.environ.get("CAPSNET_TEST_MNIST_DIR",

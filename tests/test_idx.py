@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from capsnet.data.idx import IDXError, read_idx, write_idx
+from capsnet.data.idx import IDXError, read_idx
+from tests.helpers_idx import write_idx
 
 UINT8_CODE = 0x08
 

@@ -211,7 +211,7 @@ def test_evaluate_defaults_to_the_models_own_folder(rgb_run, rgb_data, capsys):
     capsys.readouterr()
     assert main(["evaluate", str(rgb_run / "best.pt"), "--data-dir", str(rgb_data), *FAST]) == 0
     out = capsys.readouterr().out
-    assert "on folder test (10 images)" in out
+    assert "on folder test (10 images, precision" in out
     for name in RGB_CLASSES:
         assert f"  {name}  " in out
     assert main(["evaluate", str(rgb_run / "best.pt"), "--data-dir", str(rgb_data), "--json",

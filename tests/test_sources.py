@@ -22,9 +22,9 @@ from capsnet.data import (
     load_split,
     locate_dataset,
 )
-from capsnet.data.idx import write_idx
 from capsnet.data.sources import FILE_KEYS
 from tests.conftest import LOOPBACK
+from tests.helpers_idx import write_idx
 
 pytestmark = pytest.mark.usefixtures("loopback_only")  # own cache, no data dir, no proxy
 

@@ -107,5 +107,5 @@ def test_a_toy_option_the_toy_does_not_have_is_refused_on_the_command_line(
     err = capsys.readouterr().err.strip()
     assert code == 2 and not (tmp_path / "no").exists()
     assert err == ("capsnet: error: --routing is not an option of --model toy (only of "
-                   "--model capsnet)")
+                   "--model capsnet, capshead)")
     assert len(err.splitlines()) == 1

@@ -16,6 +16,7 @@ from capsnet.attacks.capsule import diagnosis
 from capsnet.attacks.detection import DETECTION_FPR
 from capsnet.attacks.objectives import ENSEMBLE_LOSSES, LOSS_CHOICES
 from capsnet.attacks.ood import CORRUPTIONS, ood_markdown, ood_row
+from capsnet.attacks.registry import DEFAULT_SETTINGS
 from capsnet.attacks.runner import ROWS_DIR
 from capsnet.checkpoint import load_model
 from capsnet.cli import args as cli_args
@@ -43,7 +44,7 @@ def comma_list(kind):
 
 
 def add_attack(subparsers) -> None:
-    s = attacks.AttackSettings()
+    s = DEFAULT_SETTINGS  # the defaults, for the help texts
     p = subparsers.add_parser(
         "attack", help="robust accuracy under adversarial attacks, with detectors",
         description="Attack checkpoints (default: the shipped CapsNet) on a seeded subset of "

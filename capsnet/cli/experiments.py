@@ -18,6 +18,9 @@ from capsnet.models import model_name_of
 EXAMPLES = 10  # digits drawn per test set in the examples figures
 FIGURE_PAIRS = 8
 
+# The affine set's ranges described, for the parsers' help (made once, at import)
+AFFINE_DESCRIPTION = AffineRanges().describe()
+
 
 def add_compare_args(p: argparse.ArgumentParser, checkpoints_help: str) -> None:
     """The checkpoints compared, or with --matched run directories at one validation
@@ -70,12 +73,11 @@ def add_experiment_train(actions, help_text: str, out_dir: str,
 
 
 def add_robustness(subparsers) -> None:
-    ranges = AffineRanges()
     p = subparsers.add_parser(
         "robustness", help="accuracy on rotated and affine-transformed test digits",
         description="Evaluate checkpoints on their test set (MNIST for digit models; "
         "--dataset picks another) rotated from -MAX to +MAX "
-        f"degrees and under seeded random affine transformations ({ranges.describe()}). "
+        f"degrees and under seeded random affine transformations ({AFFINE_DESCRIPTION}). "
         "Every model sees the same transformed digits (models taking larger inputs see them "
         "centred on their canvas). Writes robustness.csv, robustness.png (accuracy against "
         "angle), examples.png and table.md into --out-dir.")
@@ -140,7 +142,7 @@ def add_affnist(subparsers) -> None:
     t.add_argument("--test-limit", type=int, default=None,
                    help="test the final model on the first N test digits only (default: all)")
     e = actions.add_parser("evaluate", help="compare checkpoints on placed MNIST and the "
-                           "affine set", description=f"Affine set: {AffineRanges().describe()}.")
+                           "affine set", description=f"Affine set: {AFFINE_DESCRIPTION}.")
     add_compare_args(e, "checkpoints written by `capsnet affnist train` (run directories "
                         "with --matched)")
     e.add_argument("--seed", type=int, default=TEST_SEED, help="seed of both test sets")
@@ -175,7 +177,7 @@ def run_affnist(args: argparse.Namespace, argv: list[str]) -> int:
         print(json.dumps(rows))
     else:
         print(f"accuracy on {len(test)} {args.dataset} test digits at random places on the "
-              f"canvas, and on the affine set ({AffineRanges().describe()}), seed {args.seed}")
+              f"canvas, and on the affine set ({AFFINE_DESCRIPTION}), seed {args.seed}")
         print(affnist.format_comparison(rows))
     return 0
 

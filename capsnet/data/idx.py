@@ -8,16 +8,12 @@ import gzip
 import math
 import os
 import zlib
-from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
-from capsnet.atomic import atomic_write
-
 GZIP_MAGIC = b"\x1f\x8b"
 GZIP_SUFFIX = ".gz"
-GZIP_LEVEL = 6  # zlib's default: 9 is several times slower for a few percent
 MAGIC_SIZE = 4
 DIM_SIZE = 4  # each dimension size is a big-endian uint32
 MAX_NDIM = 8
@@ -121,25 +117,3 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
             kind = "corrupt gzip data" if isinstance(f, gzip.GzipFile) else "read error"
             raise IDXError(path, f"{kind}: {err}") from err
     return array.astype(dtype.newbyteorder("="), copy=False)
-
-
-def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
-    """Write ``array`` as an IDX file, atomically, gzip when ``path`` ends in ``.gz``."""
-    array = np.asarray(array)
-    code = DTYPE_CODES.get(array.dtype.newbyteorder("="))
-    if code is None:
-        known = ", ".join(str(dt) for dt in DTYPE_CODES)
-        raise ValueError(f"IDX cannot store dtype {array.dtype} (supported: {known})")
-    if not 1 <= array.ndim <= MAX_NDIM or 0 in array.shape:
-        raise ValueError(f"IDX needs 1..{MAX_NDIM} non-zero dimensions, got shape {array.shape}")
-    header = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
-    payload = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder(">")).tobytes()
-
-    def write(raw) -> None:
-        if Path(path).name.endswith(GZIP_SUFFIX):
-            with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
-                gz.write(header + payload)
-        else:
-            raw.write(header + payload)
-
-    atomic_write(path, write)
