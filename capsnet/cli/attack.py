@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from capsnet import attacks
-from capsnet.atomic import write_json
+from capsnet.atomic import write_json, write_text
 from capsnet.attacks.capsule import diagnosis
 from capsnet.attacks.detection import DETECTION_FPR
 from capsnet.attacks.objectives import ENSEMBLE_LOSSES, LOSS_CHOICES
@@ -176,7 +176,7 @@ def run_attack_grid(args: argparse.Namespace, argv: list[str]) -> int:
     results = _folder_results(out, "capsnet " + " ".join(argv), ood, sanity)
     results.update(n=len(y), seed=args.seed, settings=vars(settings))
     write_json(out / "results.json", results)
-    (out / "table.md").write_text(_tables(results) + "\n")
+    write_text(out / "table.md", _tables(results) + "\n")
     _figures(args, named, results["rows"], x, y, settings, out)
     if args.json:
         print(json.dumps(results, indent=1))
