@@ -113,6 +113,8 @@ def run_settings(study: Study, args: argparse.Namespace, dataset: str,
     for flag, value in (("--epochs", epochs), ("--subset", args.subset),
                         ("--precision", args.precision), ("--conv-impl", args.conv_impl)):
         options += [] if value is None else [flag, str(value)]
+    if "--model" not in options and "folder" in options:  # the CapsNet, not a folder's auto
+        options = ["--model", "capsnet", *options]
     settings = settings_from_args(build_parser().parse_args(["train", *options]))
     return dataclasses.replace(
         settings, compile=settings.compile and not args.tiny,  # a compile takes a minute
