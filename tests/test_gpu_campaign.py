@@ -122,7 +122,7 @@ def test_the_tiny_rehearsal_and_a_second_command_that_continues_it(tiny_mnist_di
         names = set(tar.getnames())
     assert {"seed-1/metrics.csv", "seed-2/results.json", "seed-3/config.json"} <= names
     # A second command continues the same three runs from --work.
-    subprocess.run(command(tiny_mnist_dir, out, work, "--minutes", "1.6"), cwd=REPO,
+    subprocess.run(command(tiny_mnist_dir, out, work, "--minutes", "1.0"), cwd=REPO,
                    check=True, timeout=TINY_DEADLINE, env=ENV)
     second = seeds(out)
     assert all(second[name]["epochs"] > first[name]["epochs"] for name in first)
