@@ -19,6 +19,7 @@ from torch import nn
 
 from capsnet.attacks.training import adversarial_batch
 from capsnet.data.augment_efficient import efficient_augment
+from capsnet.data.augment_shift import epoch_shifts, shift_by
 from capsnet.data.image_dataset import to_model_input
 from capsnet.data.transforms import random_crop, random_shift
 from capsnet.losses import model_loss
@@ -140,9 +141,15 @@ def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: 
 def classification_batch(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
                          options: StepOptions, generator: torch.Generator | None = None
                          ) -> MakeBatch:
-    """The classifier's training batch of indices ``idx``: augmented images and labels."""
+    """The classifier's training batch of indices ``idx``: augmented images and labels
+    (the paper's shifts drawn for the whole epoch here, at its start)."""
+    shifts = (epoch_shifts(len(images), options.max_shift, generator, images.device)
+              if options.augment == "shift" and options.crop is None else None)  # (N, 2)
+
     def make_batch(idx: torch.Tensor) -> Batch:
-        x = augment(to_model_input(images[idx]), options, generator)  # (B, C, H, W)
+        x = to_model_input(images[idx])  # (B, C, H, W)
+        x = (augment(x, options, generator) if shifts is None
+             else shift_by(x, shifts[idx], options.max_shift))
         y = labels[idx]  # (B,)
         if options.adversarial is not None:  # the model's own attacked images instead
             x = adversarial_batch(model, x, y, options.adversarial, options.adversarial_eps,
