@@ -190,20 +190,20 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
     rates = {name: default_lr(name, "paper") for name in MODELS}
     p.add_argument("--recipe", default=None, choices=list(RECIPES),
                    help=f"training schedule filling every option below left unset: 'paper' "
-                        f"(default: {paper.epochs} epochs, Adam x {paper.lr_decay} after each "
-                        f"epoch; for --model efficient its authors': {efficient.epochs} "
-                        f"epochs, batch {efficient.batch_size}, x {efficient.lr_decay} down to "
-                        f"{efficient.min_lr:g}, --augment {efficient.augment}) or "
-                        f"'fast' ({fast.epochs} epochs, peak {fast.lr_scale:g}x the model's "
-                        f"rate, {fast.warmup_epochs:g} epoch warm-up, {fast.schedule} to "
-                        f"{fast.min_lr:g}, EMA {fast.ema_decay:g} of the weights; for "
-                        f"--model efficient {efficient_fast.epochs} epochs of --augment "
-                        f"{efficient_fast.augment}; for --model em its own rate as "
-                        f"the peak ({em_fast.lr_scale:g}x))")
+                        f"(default: {paper['epochs']} epochs, Adam x {paper['lr_decay']} after "
+                        f"each epoch; for --model efficient its authors': {efficient['epochs']} "
+                        f"epochs, batch {efficient['batch_size']}, x {efficient['lr_decay']} down "
+                        f"to {efficient['min_lr']:g}, --augment {efficient['augment']}) or "
+                        f"'fast' ({fast['epochs']} epochs, peak {fast['lr_scale']:g}x the model's "
+                        f"rate, {fast['warmup_epochs']:g} epoch warm-up, {fast['schedule']} to "
+                        f"{fast['min_lr']:g}, EMA {fast['ema_decay']:g} of the weights; for "
+                        f"--model efficient {efficient_fast['epochs']} epochs of --augment "
+                        f"{efficient_fast['augment']}; for --model em its own rate as "
+                        f"the peak ({em_fast['lr_scale']:g}x))")
     p.add_argument("--epochs", type=int, default=None, help="default: the recipe's")
     p.add_argument("--batch-size", type=int, default=None,
                    help=f"global batch (split over the processes under torchrun; default: "
-                        f"the recipe's, {paper.batch_size}; {efficient.batch_size} for "
+                        f"the recipe's, {paper['batch_size']}; {efficient['batch_size']} for "
                         f"Efficient-CapsNet's paper recipe)")
     p.add_argument("--lr", type=float, default=None,
                    help=f"peak Adam learning rate (default: the recipe's multiple of "
@@ -212,7 +212,7 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
                         f"{rates['efficient']} for Efficient-CapsNet; of {rates['em']} for EM)")
     p.add_argument("--lr-decay", type=float, default=None,
                    help=f"schedule exp: learning-rate factor applied after each epoch (default: "
-                        f"the recipe's, {paper.lr_decay}; {efficient.lr_decay} for "
+                        f"the recipe's, {paper['lr_decay']}; {efficient['lr_decay']} for "
                         f"Efficient-CapsNet's paper recipe; with --resume: the run's own unless "
                         f"given)")
     p.add_argument("--schedule", default=None, choices=SCHEDULES,
@@ -222,8 +222,8 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
                    help="linear warm-up to the peak rate over F epochs, set every step")
     p.add_argument("--min-lr", type=float, default=None,
                    help=f"the rate's floor: cosine ends there, exp stops decaying "
-                        f"there (default: the recipe's; {paper.min_lr:g} in the paper recipe, "
-                        f"{efficient.min_lr:g} in Efficient-CapsNet's)")
+                        f"there (default: the recipe's; {paper['min_lr']:g} in the paper recipe, "
+                        f"{efficient['min_lr']:g} in Efficient-CapsNet's)")
     p.add_argument("--ema-decay", type=float, default=None, metavar="F",
                    help="exponential moving average of the weights, updated every step; the "
                         "average is validated, selected, saved as the model and tested "
