@@ -12,7 +12,7 @@ from capsnet.attacks.training import check_adversarial
 from capsnet.models import check_options, has_option, model_entry
 
 SCHEDULES = ("exp", "cosine")
-AUGMENTATIONS = ("shift", "efficient")  # capsnet.training.loop.augment
+AUGMENTATIONS = ("shift", "efficient")  # capsnet.training.loop.augment_batch
 
 
 # A recipe: the training schedule a run gets when it names only the recipe, as plain values
