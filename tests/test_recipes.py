@@ -33,15 +33,15 @@ def test_the_fast_recipe_fills_what_is_not_given():
     s = TrainSettings(recipe="fast")
     assert (s.epochs, s.batch_size, s.schedule, s.warmup_epochs, s.min_lr, s.ema_decay,
             s.ema_warmup, s.max_shift) == (
-        FAST_RECIPE.epochs, FAST_RECIPE.batch_size, FAST_RECIPE.schedule,
-        FAST_RECIPE.warmup_epochs, FAST_RECIPE.min_lr, FAST_RECIPE.ema_decay,
-        FAST_RECIPE.ema_warmup, FAST_RECIPE.max_shift)
-    assert s.lr == pytest.approx(FAST_RECIPE.lr_scale * 1e-3)
+        FAST_RECIPE["epochs"], FAST_RECIPE["batch_size"], FAST_RECIPE["schedule"],
+        FAST_RECIPE["warmup_epochs"], FAST_RECIPE["min_lr"], FAST_RECIPE["ema_decay"],
+        FAST_RECIPE["ema_warmup"], FAST_RECIPE["max_shift"])
+    assert s.lr == pytest.approx(FAST_RECIPE["lr_scale"] * 1e-3)
     assert TrainSettings(recipe="fast", model="cnn").lr == pytest.approx(
-        FAST_RECIPE.lr_scale * 1e-4)  # the wide CNN's own rate, scaled alike
+        FAST_RECIPE["lr_scale"] * 1e-4)  # the wide CNN's own rate, scaled alike
     given = TrainSettings(recipe="fast", epochs=4, lr=1e-3, ema_decay=0.0, schedule="exp")
     assert (given.epochs, given.lr, given.ema_decay, given.schedule) == (4, 1e-3, 0.0, "exp")
-    assert PAPER_RECIPE.epochs == 10
+    assert PAPER_RECIPE["epochs"] == 10
 
 
 def test_settings_saved_before_recipes_load_as_the_paper_recipe():
@@ -70,9 +70,9 @@ def test_cli_options_switch_one_ingredient_at_a_time():
     s = settings_from_args(args)
     assert (s.recipe, s.ema_decay, s.schedule, s.warmup_epochs, s.ema_warmup, s.batch_size) == (
         "fast", 0.0, "exp", 2.5, False, 64)
-    assert s.epochs == FAST_RECIPE.epochs and s.min_lr == FAST_RECIPE.min_lr
+    assert s.epochs == FAST_RECIPE["epochs"] and s.min_lr == FAST_RECIPE["min_lr"]
     repeat = settings_from_args(build_parser().parse_args(["repeat", "--recipe", "fast"]))
-    assert repeat.recipe == "fast" and repeat.ema_decay == FAST_RECIPE.ema_decay
+    assert repeat.recipe == "fast" and repeat.ema_decay == FAST_RECIPE["ema_decay"]
     paper = settings_from_args(build_parser().parse_args(["train"]))
     assert paper == TrainSettings(out_dir=paper.out_dir)
 

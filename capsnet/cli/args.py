@@ -27,7 +27,7 @@ from capsnet.extras import MissingExtraError
 from capsnet.layers.gemm_conv import CONV_IMPLS
 from capsnet.models import MODELS, has_option, preset_names
 from capsnet.models.base import PRECISIONS
-from capsnet.models.cnn_baseline import CNN_DECODERS
+from capsnet.models.cnn_baseline import CNN_DECODERS, CNN_HEADS
 from capsnet.routing import capsnet_routers
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.settings import (
@@ -49,7 +49,7 @@ DEFAULTS = TrainSettings()
 # The model config options (capsnet.models) that flags set, and their flags.
 MODEL_OPTION_FLAGS = {"routing": "--routing", "routing_iterations": "--routing-iterations",
                       "input_norm": "--input-norm", "conv1_stride": "--conv1-stride",
-                      "decoder": "--cnn-decoder"}
+                      "decoder": "--cnn-decoder", "head": "--cnn-head"}
 
 
 def add_data_args(parser: argparse.ArgumentParser, model_default: bool = False) -> None:
@@ -165,6 +165,10 @@ def add_recipe_args(p: argparse.ArgumentParser, models: tuple[str, ...] | None =
     p.add_argument("--cnn-decoder", default=DEFAULTS.cnn_decoder, choices=CNN_DECODERS,
                    help="--model cnn: a reconstruction decoder fed the last hidden layer, "
                         "'plain' (CNN+R) or 'class-conditional' (CNN+CR; Qin et al. 2020)")
+    p.add_argument("--cnn-head", default=DEFAULTS.cnn_head, choices=CNN_HEADS,
+                   help="--model cnn: 'linear' (logits, cross-entropy; the default) or "
+                        "'capsules' (one squashed 16-D vector a class, its length the score, "
+                        "the margin loss)")
     add_image_args(p)
     p.add_argument("--subset", type=int, default=None,
                    help="train on the first N images of the training pool")
@@ -190,20 +194,20 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
     rates = {name: default_lr(name, "paper") for name in MODELS}
     p.add_argument("--recipe", default=None, choices=list(RECIPES),
                    help=f"training schedule filling every option below left unset: 'paper' "
-                        f"(default: {paper.epochs} epochs, Adam x {paper.lr_decay} after each "
-                        f"epoch; for --model efficient its authors': {efficient.epochs} "
-                        f"epochs, batch {efficient.batch_size}, x {efficient.lr_decay} down to "
-                        f"{efficient.min_lr:g}, --augment {efficient.augment}) or "
-                        f"'fast' ({fast.epochs} epochs, peak {fast.lr_scale:g}x the model's "
-                        f"rate, {fast.warmup_epochs:g} epoch warm-up, {fast.schedule} to "
-                        f"{fast.min_lr:g}, EMA {fast.ema_decay:g} of the weights; for "
-                        f"--model efficient {efficient_fast.epochs} epochs of --augment "
-                        f"{efficient_fast.augment}; for --model em its own rate as "
-                        f"the peak ({em_fast.lr_scale:g}x))")
+                        f"(default: {paper['epochs']} epochs, Adam x {paper['lr_decay']} after "
+                        f"each epoch; for --model efficient its authors': {efficient['epochs']} "
+                        f"epochs, batch {efficient['batch_size']}, x {efficient['lr_decay']} down "
+                        f"to {efficient['min_lr']:g}, --augment {efficient['augment']}) or "
+                        f"'fast' ({fast['epochs']} epochs, peak {fast['lr_scale']:g}x the model's "
+                        f"rate, {fast['warmup_epochs']:g} epoch warm-up, {fast['schedule']} to "
+                        f"{fast['min_lr']:g}, EMA {fast['ema_decay']:g} of the weights; for "
+                        f"--model efficient {efficient_fast['epochs']} epochs of --augment "
+                        f"{efficient_fast['augment']}; for --model em its own rate as "
+                        f"the peak ({em_fast['lr_scale']:g}x))")
     p.add_argument("--epochs", type=int, default=None, help="default: the recipe's")
     p.add_argument("--batch-size", type=int, default=None,
                    help=f"global batch (split over the processes under torchrun; default: "
-                        f"the recipe's, {paper.batch_size}; {efficient.batch_size} for "
+                        f"the recipe's, {paper['batch_size']}; {efficient['batch_size']} for "
                         f"Efficient-CapsNet's paper recipe)")
     p.add_argument("--lr", type=float, default=None,
                    help=f"peak Adam learning rate (default: the recipe's multiple of "
@@ -212,7 +216,7 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
                         f"{rates['efficient']} for Efficient-CapsNet; of {rates['em']} for EM)")
     p.add_argument("--lr-decay", type=float, default=None,
                    help=f"schedule exp: learning-rate factor applied after each epoch (default: "
-                        f"the recipe's, {paper.lr_decay}; {efficient.lr_decay} for "
+                        f"the recipe's, {paper['lr_decay']}; {efficient['lr_decay']} for "
                         f"Efficient-CapsNet's paper recipe; with --resume: the run's own unless "
                         f"given)")
     p.add_argument("--schedule", default=None, choices=SCHEDULES,
@@ -222,8 +226,8 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
                    help="linear warm-up to the peak rate over F epochs, set every step")
     p.add_argument("--min-lr", type=float, default=None,
                    help=f"the rate's floor: cosine ends there, exp stops decaying "
-                        f"there (default: the recipe's; {paper.min_lr:g} in the paper recipe, "
-                        f"{efficient.min_lr:g} in Efficient-CapsNet's)")
+                        f"there (default: the recipe's; {paper['min_lr']:g} in the paper recipe, "
+                        f"{efficient['min_lr']:g} in Efficient-CapsNet's)")
     p.add_argument("--ema-decay", type=float, default=None, metavar="F",
                    help="exponential moving average of the weights, updated every step; the "
                         "average is validated, selected, saved as the model and tested "
@@ -253,9 +257,9 @@ def add_image_args(p: argparse.ArgumentParser) -> None:
                    help="train on random N x N crops (instead of shifts), evaluate the centre "
                         "crop (the cifar10 preset crops 24x24)")
     p.add_argument("--input-norm", default="auto", choices=("auto", *INPUT_NORMS),
-                   help="CapsNet: how images meet Conv1: 'none' (the paper's pixels), 'image' "
-                        "(each image standardised), 'auto' (none for MNIST, image for "
-                        "every other dataset)")
+                   help="CapsNet and CNN: how images meet Conv1: 'none' (the paper's pixels), "
+                        "'image' (each image standardised), 'auto' (CapsNet: none for MNIST, "
+                        "image for every other dataset; CNN: none)")
     p.add_argument("--conv1-stride", default="auto", type=conv1_stride_arg,
                    help="CapsNet: Conv1's stride: a number, or 'auto' (1 for MNIST and "
                         "images up to 32x32; larger images of other data take the smallest "
