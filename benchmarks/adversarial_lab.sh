@@ -7,9 +7,9 @@
 #
 #   bash benchmarks/adversarial_lab.sh            # DATA: $CAPSNET_DATA_DIR or the cache
 #
-# Not here, because no model option exists yet: a CNN that standardises each image (the
-# CapsNet's --input-norm image) and a CNN trained with the margin loss and a squash on its
-# outputs (the control of Gu, Tresp & Hu's CVPR 2021 paper). Each needs a model option first.
+# The two CNN controls: one that standardises each image (--input-norm image, the CapsNet's
+# option) and one trained with the margin loss on squashed class vectors (--cnn-head capsules,
+# the control of Gu, Tresp & Hu's CVPR 2021 paper), each at the tiny and the paper size.
 set -euo pipefail
 R=results/adversarial
 SEEDS="0 1 2"
@@ -27,10 +27,15 @@ for s in $SEEDS; do
   for preset in tiny paper; do
     train --model cnn --preset $preset --dataset fashion-mnist --recipe fast --epochs 10 \
         --seed $s --out-dir runs/fashion/cnn-$preset-s$s
+    train --model cnn --preset $preset --input-norm image --dataset fashion-mnist \
+        --recipe fast --epochs 10 --seed $s --out-dir runs/fashion/cnn-$preset-image-s$s
+    train --model cnn --preset $preset --cnn-head capsules --dataset fashion-mnist \
+        --recipe fast --epochs 10 --seed $s --out-dir runs/fashion/cnn-$preset-capsules-s$s
   done
 done
 for s in $SEEDS; do
-  for m in capsnet-none capsnet-image cnn-tiny cnn-paper; do
+  for m in capsnet-none capsnet-image cnn-tiny cnn-paper cnn-tiny-image cnn-paper-image \
+      cnn-tiny-capsules cnn-paper-capsules; do
     ckpt=runs/fashion/$m-s$s/best.pt
     out=$R/gpu-fashion-$m-s$s
     attack $ckpt --labels $m-s$s --dataset fashion-mnist --attack fgsm,pgd --eps 0.05,0.1,0.2 \

@@ -80,7 +80,7 @@ def test_make_config_presets_and_errors():
      "unknown option 'num_clases' for capsnet; choose from image_size, in_channels, num_classes"),
     ("efficient", {"routing": "inverted-attention"}, "unknown option 'routing' for efficient"),
     ("em", {"routing": "dynamic"}, "unknown option 'routing' for em"),
-    ("cnn", {"input_norm": "image"}, "unknown option 'input_norm' for cnn"),
+    ("cnn", {"routing": "dynamic"}, "unknown option 'routing' for cnn"),
     ("capsnet", {"routing": "em"}, "unknown routing 'em' for capsnet; choose from dynamic, "),
     ("capsnet", {"routing": "self-attention", "routing_iterations": 2},
      "self-attention routing takes no routing_iterations; it is an option of dynamic, "

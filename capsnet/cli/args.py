@@ -28,7 +28,7 @@ from capsnet.extras import MissingExtraError
 from capsnet.layers.gemm_conv import CONV_IMPLS
 from capsnet.models import MODELS, has_option, preset_names
 from capsnet.models.base import PRECISIONS
-from capsnet.models.cnn_baseline import CNN_DECODERS
+from capsnet.models.cnn_baseline import CNN_DECODERS, CNN_HEADS
 from capsnet.routing import capsnet_routers
 from capsnet.training.loop import NonFiniteLossError
 from capsnet.training.settings import (
@@ -50,7 +50,7 @@ DEFAULTS = TrainSettings()
 # The model config options (capsnet.models) that flags set, and their flags.
 MODEL_OPTION_FLAGS = {"routing": "--routing", "routing_iterations": "--routing-iterations",
                       "input_norm": "--input-norm", "conv1_stride": "--conv1-stride",
-                      "decoder": "--cnn-decoder"}
+                      "decoder": "--cnn-decoder", "head": "--cnn-head"}
 
 
 def add_data_args(parser: argparse.ArgumentParser, model_default: bool = False) -> None:
@@ -166,6 +166,10 @@ def add_recipe_args(p: argparse.ArgumentParser, models: tuple[str, ...] | None =
     p.add_argument("--cnn-decoder", default=DEFAULTS.cnn_decoder, choices=CNN_DECODERS,
                    help="--model cnn: a reconstruction decoder fed the last hidden layer, "
                         "'plain' (CNN+R) or 'class-conditional' (CNN+CR; Qin et al. 2020)")
+    p.add_argument("--cnn-head", default=DEFAULTS.cnn_head, choices=CNN_HEADS,
+                   help="--model cnn: 'linear' (logits, cross-entropy; the default) or "
+                        "'capsules' (one squashed 16-D vector a class, its length the score, "
+                        "the margin loss)")
     add_image_args(p)
     p.add_argument("--subset", type=int, default=None,
                    help="train on the first N images of the training pool")
@@ -254,9 +258,9 @@ def add_image_args(p: argparse.ArgumentParser) -> None:
                    help="train on random N x N crops (instead of shifts), evaluate the centre "
                         "crop (the cifar10 preset crops 24x24)")
     p.add_argument("--input-norm", default="auto", choices=("auto", *INPUT_NORMS),
-                   help="CapsNet: how images meet Conv1: 'none' (the paper's pixels), 'image' "
-                        "(each image standardised), 'auto' (none for MNIST, image for "
-                        "every other dataset)")
+                   help="CapsNet and CNN: how images meet Conv1: 'none' (the paper's pixels), "
+                        "'image' (each image standardised), 'auto' (CapsNet: none for MNIST, "
+                        "image for every other dataset; CNN: none)")
     p.add_argument("--conv1-stride", default="auto", type=conv1_stride_arg,
                    help="CapsNet: Conv1's stride: a number, or 'auto' (1 for MNIST and "
                         "images up to 32x32; larger images of other data take the smallest "

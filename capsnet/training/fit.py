@@ -124,7 +124,9 @@ def protocol_data(settings: TrainSettings, device: torch.device,
 def data_overrides(settings: TrainSettings, data: RunData, image_size: int | None = None) -> dict:
     """What the data decides in the model's config: size, channels, classes, dataset name,
     uncropped size and, for CapsNet, input norm and Conv1 stride."""
-    overrides = {"input_norm": input_norm_for(settings.dataset, settings.input_norm),
+    # The baseline CNN sees raw pixels unless --input-norm asks (auto is the CapsNet's rule).
+    norm = "none" if settings.model == "cnn" and settings.input_norm == "auto" else None
+    overrides = {"input_norm": norm or input_norm_for(settings.dataset, settings.input_norm),
                  "image_size": image_size or data.model_size, "in_channels": data.train.channels,
                  "num_classes": len(data.train.classes), "class_names": tuple(data.train.classes),
                  "dataset": settings.dataset,

@@ -104,6 +104,7 @@ class TrainSettings:
     routing_biases: bool | None = None  # CapsNet: a bias on DigitCaps' s before each squash
     digit_weights_stddev: float | None = None  # CapsNet: DigitCaps' initial W (paper 0.01)
     cnn_decoder: str | None = None  # CNN: 'plain' (CNN+R) or 'class-conditional' (CNN+CR) decoder
+    cnn_head: str | None = None  # CNN: 'linear' (logits) or 'capsules' (squashed, margin loss)
     augment: str | None = None  # 'shift' (max_shift) or 'efficient' (Efficient-CapsNet's)
     max_shift: int | None = None  # 'shift': random translations of up to this many pixels
     crop: int | None = None  # random crops in training (instead of shifts), centre crop to evaluate
@@ -114,7 +115,7 @@ class TrainSettings:
     adversarial_steps: int = 10  # 'pgd': its steps ('fgsm-rs' takes one)
     image_size: int | None = None  # resize the images to N x N (default: their own size)
     channels: int | None = None  # 1 (grey) or 3 (RGB); default: the data's own
-    input_norm: str = "auto"  # CapsNet: 'none', 'image' or 'auto' (data.model_view.input_norm_for)
+    input_norm: str = "auto"  # 'none', 'image', 'auto' (model_view.input_norm_for; CNN: none)
     conv1_stride: str | int = "auto"  # CapsNet: a number or 'auto' (model_view.conv1_stride_for)
     skip_bad_images: bool = False  # folders: skip unreadable files (with a warning), don't fail
     subset: int | None = None  # train on the first N images of the training pool
@@ -157,7 +158,8 @@ class TrainSettings:
         options = {"routing": self.routing, "routing_iterations": self.routing_iterations,
                    "input_norm": None if self.input_norm == "auto" else self.input_norm,
                    "conv1_stride": None if self.conv1_stride == "auto" else int(self.conv1_stride),
-                   "decoder": self.cnn_decoder, "routing_full_graph": self.routing_full_graph,
+                   "decoder": self.cnn_decoder, "head": self.cnn_head,
+                   "routing_full_graph": self.routing_full_graph,
                    "routing_biases": self.routing_biases,
                    "digit_weights_stddev": self.digit_weights_stddev}
         return {name: value for name, value in options.items() if value is not None}
