@@ -10,7 +10,7 @@ from torch import nn
 from capsnet.attacks.training import ADVERSARIAL_KINDS
 from capsnet.checkpoint import CheckpointError, load_model
 from capsnet.config import INPUT_NORMS, ConfigError
-from capsnet.data.datasets import DATASET_NAMES, FOLDER, load_dataset, load_split
+from capsnet.data.datasets import DATASET_NAMES, FOLDER, load_split
 from capsnet.data.folder import FolderDatasetError, format_skipped_warning
 from capsnet.data.idx import IDXError
 from capsnet.data.image_dataset import ImageDataset
@@ -18,6 +18,7 @@ from capsnet.data.model_view import (
     AUTO_MODEL,
     LARGE_IMAGE_SIZE,
     MANY_CLASSES,
+    folder_shape,
     load_test_set,
     model_for_data,
 )
@@ -312,20 +313,21 @@ def check_model_flags(args: argparse.Namespace) -> None:
 
 def model_for_run(args: argparse.Namespace) -> str:
     """--model as given; 'auto' (the default for a folder, else 'capsnet') resolved from the
-    training images' size and classes by :func:`capsnet.data.model_view.model_for_data`."""
+    training images' size and classes by :func:`capsnet.data.model_view.model_for_data` (a
+    folder's from its listing and one image's header: training decodes it once)."""
     if args.model not in (None, AUTO_MODEL):
         return args.model
     if args.model is None and args.dataset != FOLDER:
         return DEFAULTS.model
     if args.dataset == FOLDER:
-        train, _ = load_dataset(FOLDER, args.data_dir, image_size=args.image_size,
-                                channels=args.channels, progress=False,
-                                skip_bad=getattr(args, "skip_bad_images", False))
+        if args.data_dir is None:  # training says what is missing
+            return DEFAULTS.model
+        size, classes = folder_shape(args.data_dir, args.image_size)  # nothing decoded
     else:
         train = load_split(args.dataset, "train", args.data_dir, args.download)
-    size = args.image_size or train.image_size[0]
-    model = model_for_data(size, len(train.classes))
-    print(f"--model auto: {model} for {size}x{size} images of {len(train.classes)} classes")
+        size, classes = args.image_size or train.image_size[0], len(train.classes)
+    model = model_for_data(size, classes)
+    print(f"--model auto: {model} for {size}x{size} images of {classes} classes")
     return model
 
 

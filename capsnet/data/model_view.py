@@ -7,8 +7,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from PIL import Image, UnidentifiedImageError
+
 from capsnet.config import INPUT_NORMS, conv_output_size
 from capsnet.data.datasets import FOLDER, load_dataset, load_split
+from capsnet.data.folder import FolderDatasetError, scan_folder
 from capsnet.data.image_dataset import GREY_NDIM, ImageDataset
 from capsnet.data.transforms import center_crop, place_on_canvas
 
@@ -73,6 +76,22 @@ def model_for_data(image_size: int, num_classes: int) -> str:
     if image_size >= LARGE_IMAGE_SIZE or num_classes >= MANY_CLASSES:
         return "capshead"
     return "capsnet"
+
+
+def folder_shape(root: str | os.PathLike, image_size: int | None = None) -> tuple[int, int]:
+    """(image side, classes) of an image folder from its listing and one image's header,
+    nothing decoded: ``image_size`` if given, else the first readable training image's
+    height (a folder without ``image_size`` has one size, or fails to load)."""
+    layout = scan_folder(root)
+    if image_size is not None:
+        return image_size, len(layout.classes)
+    for path, _ in layout.train:
+        try:
+            with Image.open(path) as image:  # the header only
+                return image.height, len(layout.classes)
+        except (OSError, UnidentifiedImageError):
+            continue  # unreadable: the loader reports or skips it
+    raise FolderDatasetError(f"{layout.root}: no readable training image")
 
 
 def resolve_model(name: str, image_size: int, num_classes: int) -> str:

@@ -38,6 +38,8 @@ class NonFiniteLossError(RuntimeError):
 PAPER_MAX_SHIFT = 2
 # Steps between loss read-backs (the non-finite check and the progress bar).
 CHECK_EVERY = 20
+# Images per batch of evaluation (validation, the test, predictions).
+EVAL_BATCH = 500
 
 
 @dataclass
@@ -292,7 +294,8 @@ class EvalResult:
 
 
 @torch.no_grad()
-def predict_scores(model: nn.Module, images: torch.Tensor, batch_size: int = 500) -> torch.Tensor:
+def predict_scores(model: nn.Module, images: torch.Tensor,
+                   batch_size: int = EVAL_BATCH) -> torch.Tensor:
     """Class scores (N, J) float32 for uint8 images (N, H, W) on the model's device."""
     model.eval()
     scores = []
@@ -303,7 +306,7 @@ def predict_scores(model: nn.Module, images: torch.Tensor, batch_size: int = 500
 
 @torch.no_grad()
 def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
-             batch_size: int = 500, reconstruction_weight: float = 0.0005) -> EvalResult:
+             batch_size: int = EVAL_BATCH, reconstruction_weight: float = 0.0005) -> EvalResult:
     """Accuracy, mean loss, confusion matrix and class scores (those of
     :func:`predict_scores`) on uint8 images (N, H, W), labels (N,)."""
     model.eval()
