@@ -39,9 +39,9 @@ class LoopDepth:
     types: list[str]
 
 
-# Functions whose optimiser steps are no training step of the run (the memory probe of
-# earlier versions trained a copy of the model before the first epoch).
-NOT_THE_RUN = {"step_phase_peaks"}
+# Functions whose optimiser steps are no training step of the run: the memory estimate's
+# trace on fake tensors (capsnet.models.sizing).
+NOT_THE_RUN = {"traced_peak_bytes"}
 
 
 def _is_step(frame) -> bool:

@@ -22,7 +22,8 @@ from torch import nn
 
 from capsnet.atomic import atomic_path
 from capsnet.checkpoint import WEIGHTS_SUFFIX, load_checkpoint, load_model, save_weights
-from capsnet.config import class_names, config_to_dict
+from capsnet.config import config_to_dict
+from capsnet.data.model_view import class_names
 from capsnet.models import entry_of
 
 FORMATS = ("onnx", "pt2", "torchscript")

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from capsnet.checkpoint import ModelSource, load_model
-from capsnet.config import class_names
 from capsnet.data.image_dataset import CHANNEL_COUNTS, PIXEL_MAX, display_images, to_model_input
+from capsnet.data.model_view import class_names
 from capsnet.preprocess import ImageSource, PreprocessError, prepare_for_model
 
 # The paper's Figure 4: each pose dimension moved by -0.25 .. 0.25 in steps of 0.05.

@@ -12,6 +12,7 @@ from tests.conftest import make_fake_digits
 TINY_CAPSNET = {"conv1_channels": 16, "primary_types": 4, "decoder_hidden": (32, 64)}
 TINY_CNN = {"conv_channels": (8, 8), "pool": 2, "fc_hidden": (32,), "dropout": 0.0}
 TRAIN_STEPS, BATCH, LR = 30, 50, 1e-2
+ATTACK_IMAGES = 20  # the images of the `data` fixture (conftest)
 
 
 def fake_digits(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -114,6 +114,28 @@ def http_root(tmp_path):
     thread.join()
 
 
+# The attack tests' tiny trained models and images (tests.attack_models), per test module.
+
+
+@pytest.fixture(scope="module")
+def capsnet():
+    from tests.attack_models import trained
+    return trained("capsnet")
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    from tests.attack_models import trained
+    return trained("cnn")
+
+
+@pytest.fixture(scope="module")
+def data():
+    """ATTACK_IMAGES fake digits (B, 1, 28, 28) in [0, 1] and their labels (B,)."""
+    from tests.attack_models import ATTACK_IMAGES, fake_digits
+    return fake_digits(ATTACK_IMAGES, seed=2)
+
+
 def last_error_line(capsys) -> str:
     """The one error line a failed command ends its stderr with (a speed-plan note or a
     warning may precede it), with no traceback."""

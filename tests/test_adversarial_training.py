@@ -9,7 +9,7 @@ import torch
 
 from capsnet.cli.main import main
 from capsnet.models import build_model, make_config
-from capsnet.training.loop import StepOptions, classification_batch
+from capsnet.training.loop import classification_batch
 from capsnet.training.settings import TrainSettings
 
 EPS = 0.1
@@ -37,9 +37,9 @@ def test_the_loop_trains_on_attacked_images_within_eps_of_the_augmented_ones(kin
     idx = torch.arange(8)
 
     def batch(**adversarial):
-        options = StepOptions(max_shift=2, **adversarial)
         generator = torch.Generator().manual_seed(SEED)  # the same shifts for both
-        return classification_batch(model, images, labels, options, generator)(idx)
+        return classification_batch(model, images, labels, generator, max_shift=2,
+                                    **adversarial)(idx)
 
     (clean, y), (attacked, y_attacked) = batch(), batch(adversarial=kind, adversarial_eps=EPS,
                                                        adversarial_steps=3)

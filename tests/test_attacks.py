@@ -23,26 +23,11 @@ from capsnet.attacks.runner import sanity_checks
 from capsnet.models import ModelOutput, build_model, make_config
 from capsnet.routing import capsnet_routers
 from capsnet.squashing import squash
-from tests.attack_models import TINY_CAPSNET, fake_digits, trained
+from tests.attack_models import ATTACK_IMAGES, TINY_CAPSNET, fake_digits, trained
 
-N = 20
+N = ATTACK_IMAGES  # the `data` fixture's images
 SATURATION_THRESHOLD = 0.5  # fake digits made binary, as MNIST nearly is
 SATURATED_RADIUS = 4.0  # L2: where PGD-L2 fools some of the binary digits
-
-
-@pytest.fixture(scope="module")
-def capsnet():
-    return trained("capsnet")
-
-
-@pytest.fixture(scope="module")
-def cnn():
-    return trained("cnn")
-
-
-@pytest.fixture(scope="module")
-def data():
-    return fake_digits(N, seed=2)
 
 
 def fooled_share(model, x_adv, y) -> float:

@@ -12,24 +12,9 @@ from capsnet.attacks.objectives import ENSEMBLE_LOSSES, ensemble_losses, log_odd
 from capsnet.attacks.registry import least_detectable
 from capsnet.attacks.training import adversarial_batch
 from capsnet.models import ModelOutput
-from tests.attack_models import fake_digits, trained
+from tests.attack_models import ATTACK_IMAGES, trained
 
-N = 20
-
-
-@pytest.fixture(scope="module")
-def capsnet():
-    return trained("capsnet")
-
-
-@pytest.fixture(scope="module")
-def cnn():
-    return trained("cnn")
-
-
-@pytest.fixture(scope="module")
-def data():
-    return fake_digits(N, seed=2)
+N = ATTACK_IMAGES  # the `data` fixture's images
 
 
 def fooled(model, x_adv, y) -> torch.Tensor:

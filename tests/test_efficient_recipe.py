@@ -82,12 +82,12 @@ def test_augmentation_settings_that_cannot_work_are_refused(bad, match):
 
 def test_the_fast_recipe_of_efficient_capsnet_is_the_fast_one_at_its_rate():
     s = TrainSettings(model="efficient", recipe="fast")
-    assert s.lr == pytest.approx(FAST_RECIPE.lr_scale * 5e-4)
-    assert s.min_lr == pytest.approx(FAST_RECIPE.min_lr * 5e-4 / 1e-3)
+    assert s.lr == pytest.approx(FAST_RECIPE["lr_scale"] * 5e-4)
+    assert s.min_lr == pytest.approx(FAST_RECIPE["min_lr"] * 5e-4 / 1e-3)
     # its authors' augmentation, and longer than CapsNet's 15 epochs (its registry entry says why)
     assert (s.epochs, s.batch_size, s.schedule, s.ema_decay, s.augment, s.max_shift) == (
-        25, FAST_RECIPE.batch_size, "cosine", FAST_RECIPE.ema_decay, "efficient", 0)
-    assert s.warmup_epochs == FAST_RECIPE.warmup_epochs and s.ema_warmup
+        25, FAST_RECIPE["batch_size"], "cosine", FAST_RECIPE["ema_decay"], "efficient", 0)
+    assert s.warmup_epochs == FAST_RECIPE["warmup_epochs"] and s.ema_warmup
 
 
 def test_runs_saved_before_the_setting_keep_their_shifts():

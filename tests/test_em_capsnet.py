@@ -296,8 +296,8 @@ def test_default_learning_rate_is_the_authors():
     fast = TrainSettings(model="em", recipe="fast")
     assert fast.lr == pytest.approx(EM_LR)
     assert (fast.epochs, fast.schedule, fast.warmup_epochs, fast.min_lr, fast.ema_decay) == (
-        FAST_RECIPE.epochs, "cosine", FAST_RECIPE.warmup_epochs, FAST_RECIPE.min_lr,
-        FAST_RECIPE.ema_decay)
+        FAST_RECIPE["epochs"], "cosine", FAST_RECIPE["warmup_epochs"], FAST_RECIPE["min_lr"],
+        FAST_RECIPE["ema_decay"])
 
 
 # ----------------------------------------------------------------------------------------

@@ -11,6 +11,9 @@ import torch
 
 from capsnet.checkpoint import load_checkpoint
 from capsnet.cli.main import main
+from capsnet.losses import model_loss
+from capsnet.models import build_model, make_config
+from capsnet.models.sizing import LiveBytes, traced_peak_bytes
 from capsnet.tuning import (
     GIB,
     largest_batch,
@@ -24,6 +27,8 @@ from tests.conftest import last_error_line
 
 runner = importlib.import_module("capsnet.training.runner")  # the module, not a function
 MIB = 2**20
+STEP_BATCH, EVAL_IMAGES = 16, 64
+TRACE_TOLERANCE = 0.1
 
 
 def tiny_train(tiny_mnist_dir, run, epochs: int) -> list[str]:
@@ -93,3 +98,31 @@ def test_train_logs_the_measure_with_the_plan(tiny_mnist_dir, tmp_path, capsys):
     assert "memory: " in out and "peak per process by the end of epoch 1" in out
     results = json.loads((run / "results.json").read_text())
     assert (resident_bytes() is None) or results["memory_peak_bytes"] > 0
+    estimate = out.index("memory: about")  # printed before the first epoch
+    assert estimate < out.index("epoch 1 |") and "traced on fake tensors" in out
+    assert (resident_bytes() is None) or results["memory_estimate_bytes"] > 0
+
+
+def test_the_trace_on_fake_tensors_counts_what_real_tensors_take():
+    """The estimate's trace (shapes only) against the same step and evaluation batch run on
+    real tensors, counted by the same live-tensor counter: within TRACE_TOLERANCE."""
+    torch.manual_seed(0)
+    model = build_model(make_config("capsnet", "small"))
+    traced = traced_peak_bytes(model, STEP_BATCH, EVAL_IMAGES)
+    optimizer = torch.optim.Adam(model.parameters())
+    x = torch.rand(STEP_BATCH, 1, 28, 28)
+    y = torch.arange(STEP_BATCH) % 10
+    model_loss(model(x, y), x, y).backward()
+    optimizer.step()  # Adam's moments exist, as at a run's second step
+    optimizer.zero_grad(set_to_none=True)
+    with LiveBytes() as live:
+        model_loss(model(x, y), x, y).backward()
+        optimizer.step()
+        training, held = live.peak, live.current
+        with torch.no_grad():
+            model.eval()(torch.rand(EVAL_IMAGES, 1, 28, 28))
+    # the trace makes Adam's moments inside it; the real step made them before the counter
+    moments = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
+    measured = (training + moments, live.peak - held)
+    for counted, real in zip(traced, measured, strict=True):
+        assert abs(counted - real) <= TRACE_TOLERANCE * real, (traced, measured)

@@ -51,7 +51,7 @@ def test_recipe_turns_on_the_released_model_options_and_halves_the_margin_loss()
                                  "digit_weights_stddev": 0.1}
     given = TrainSettings(recipe="official", routing_biases=False)  # each one can be left off
     assert given.model_options()["routing_biases"] is False
-    assert OFFICIAL_RECIPE.model_options["digit_weights_stddev"] == 0.1
+    assert OFFICIAL_RECIPE["model_options"]["digit_weights_stddev"] == 0.1
 
 
 def test_other_recipes_and_models_keep_their_defaults():

@@ -400,12 +400,18 @@ def test_bad_folders_are_one_line_errors(layout, extra, words, tmp_path, capsys)
 
 
 def test_a_folder_of_large_images_trains_the_scalable_model_and_a_small_one_is_warned(
-        tmp_path, capsys):
-    """No --model: a folder of 64 px images gets capshead, as create_model('auto') picks; too
-    few images for the batch get a warning naming a batch size that gives enough steps."""
+        tmp_path, capsys, monkeypatch):
+    """No --model: a folder of 64 px images gets capshead, as create_model('auto') picks, from
+    the folder's listing and one header (the folder is loaded once, to train); too few images
+    for the batch get a warning naming a batch size that gives enough steps."""
     data = make_folder(tmp_path / "data", ["a", "b", "c"], per_class=6, size=(64, 64), test=False)
     out = tmp_path / "run"
+    loads = []
+    real_load = datasets.load_folder_dataset
+    monkeypatch.setattr(datasets, "load_folder_dataset",
+                        lambda *args, **kwargs: loads.append(1) or real_load(*args, **kwargs))
     assert main(train_folder(data, out, "--batch-size", "128")) == 0
+    assert len(loads) == 1
     printed = capsys.readouterr().out
     assert "--model auto: capshead for 64x64 images of 3 classes" in printed
     assert "optimiser steps an epoch at batch 128; --batch-size 8 gives" in printed

@@ -168,7 +168,7 @@ def test_best_checkpoint_is_chosen_by_validation_not_test(tiny_mnist_dir, tmp_pa
 
     epochs = []
 
-    def planted_epoch(step, order, make_batch, options, scheduler, on_progress):
+    def planted_epoch(step, order, make_batch, batch_size, scheduler, on_progress, **_):
         epochs.append(len(epochs) + 1)
         return {"loss": 0.1, "accuracy": 0.5, "steps": 1}
 

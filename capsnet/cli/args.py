@@ -10,7 +10,7 @@ from torch import nn
 from capsnet.attacks.training import ADVERSARIAL_KINDS
 from capsnet.checkpoint import CheckpointError, load_model
 from capsnet.config import INPUT_NORMS, ConfigError
-from capsnet.data.datasets import DATASET_NAMES, FOLDER, load_dataset, load_split
+from capsnet.data.datasets import DATASET_NAMES, FOLDER, load_split
 from capsnet.data.folder import FolderDatasetError, format_skipped_warning
 from capsnet.data.idx import IDXError
 from capsnet.data.image_dataset import ImageDataset
@@ -18,6 +18,7 @@ from capsnet.data.model_view import (
     AUTO_MODEL,
     LARGE_IMAGE_SIZE,
     MANY_CLASSES,
+    folder_shape,
     load_test_set,
     model_for_data,
 )
@@ -194,20 +195,20 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
     rates = {name: default_lr(name, "paper") for name in MODELS}
     p.add_argument("--recipe", default=None, choices=list(RECIPES),
                    help=f"training schedule filling every option below left unset: 'paper' "
-                        f"(default: {paper.epochs} epochs, Adam x {paper.lr_decay} after each "
-                        f"epoch; for --model efficient its authors': {efficient.epochs} "
-                        f"epochs, batch {efficient.batch_size}, x {efficient.lr_decay} down to "
-                        f"{efficient.min_lr:g}, --augment {efficient.augment}) or "
-                        f"'fast' ({fast.epochs} epochs, peak {fast.lr_scale:g}x the model's "
-                        f"rate, {fast.warmup_epochs:g} epoch warm-up, {fast.schedule} to "
-                        f"{fast.min_lr:g}, EMA {fast.ema_decay:g} of the weights; for "
-                        f"--model efficient {efficient_fast.epochs} epochs of --augment "
-                        f"{efficient_fast.augment}; for --model em its own rate as "
-                        f"the peak ({em_fast.lr_scale:g}x))")
+                        f"(default: {paper['epochs']} epochs, Adam x {paper['lr_decay']} after "
+                        f"each epoch; for --model efficient its authors': {efficient['epochs']} "
+                        f"epochs, batch {efficient['batch_size']}, x {efficient['lr_decay']} down "
+                        f"to {efficient['min_lr']:g}, --augment {efficient['augment']}) or "
+                        f"'fast' ({fast['epochs']} epochs, peak {fast['lr_scale']:g}x the model's "
+                        f"rate, {fast['warmup_epochs']:g} epoch warm-up, {fast['schedule']} to "
+                        f"{fast['min_lr']:g}, EMA {fast['ema_decay']:g} of the weights; for "
+                        f"--model efficient {efficient_fast['epochs']} epochs of --augment "
+                        f"{efficient_fast['augment']}; for --model em its own rate as "
+                        f"the peak ({em_fast['lr_scale']:g}x))")
     p.add_argument("--epochs", type=int, default=None, help="default: the recipe's")
     p.add_argument("--batch-size", type=int, default=None,
                    help=f"global batch (split over the processes under torchrun; default: "
-                        f"the recipe's, {paper.batch_size}; {efficient.batch_size} for "
+                        f"the recipe's, {paper['batch_size']}; {efficient['batch_size']} for "
                         f"Efficient-CapsNet's paper recipe)")
     p.add_argument("--lr", type=float, default=None,
                    help=f"peak Adam learning rate (default: the recipe's multiple of "
@@ -216,7 +217,7 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
                         f"{rates['efficient']} for Efficient-CapsNet; of {rates['em']} for EM)")
     p.add_argument("--lr-decay", type=float, default=None,
                    help=f"schedule exp: learning-rate factor applied after each epoch (default: "
-                        f"the recipe's, {paper.lr_decay}; {efficient.lr_decay} for "
+                        f"the recipe's, {paper['lr_decay']}; {efficient['lr_decay']} for "
                         f"Efficient-CapsNet's paper recipe; with --resume: the run's own unless "
                         f"given)")
     p.add_argument("--schedule", default=None, choices=SCHEDULES,
@@ -226,8 +227,8 @@ def add_schedule_args(p: argparse.ArgumentParser) -> None:
                    help="linear warm-up to the peak rate over F epochs, set every step")
     p.add_argument("--min-lr", type=float, default=None,
                    help=f"the rate's floor: cosine ends there, exp stops decaying "
-                        f"there (default: the recipe's; {paper.min_lr:g} in the paper recipe, "
-                        f"{efficient.min_lr:g} in Efficient-CapsNet's)")
+                        f"there (default: the recipe's; {paper['min_lr']:g} in the paper recipe, "
+                        f"{efficient['min_lr']:g} in Efficient-CapsNet's)")
     p.add_argument("--ema-decay", type=float, default=None, metavar="F",
                    help="exponential moving average of the weights, updated every step; the "
                         "average is validated, selected, saved as the model and tested "
@@ -312,20 +313,21 @@ def check_model_flags(args: argparse.Namespace) -> None:
 
 def model_for_run(args: argparse.Namespace) -> str:
     """--model as given; 'auto' (the default for a folder, else 'capsnet') resolved from the
-    training images' size and classes by :func:`capsnet.data.model_view.model_for_data`."""
+    training images' size and classes by :func:`capsnet.data.model_view.model_for_data` (a
+    folder's from its listing and one image's header: training decodes it once)."""
     if args.model not in (None, AUTO_MODEL):
         return args.model
     if args.model is None and args.dataset != FOLDER:
         return DEFAULTS.model
     if args.dataset == FOLDER:
-        train, _ = load_dataset(FOLDER, args.data_dir, image_size=args.image_size,
-                                channels=args.channels, progress=False,
-                                skip_bad=getattr(args, "skip_bad_images", False))
+        if args.data_dir is None:  # training says what is missing
+            return DEFAULTS.model
+        size, classes = folder_shape(args.data_dir, args.image_size)  # nothing decoded
     else:
         train = load_split(args.dataset, "train", args.data_dir, args.download)
-    size = args.image_size or train.image_size[0]
-    model = model_for_data(size, len(train.classes))
-    print(f"--model auto: {model} for {size}x{size} images of {len(train.classes)} classes")
+        size, classes = args.image_size or train.image_size[0], len(train.classes)
+    model = model_for_data(size, classes)
+    print(f"--model auto: {model} for {size}x{size} images of {classes} classes")
     return model
 
 

@@ -12,8 +12,8 @@ import torch
 from capsnet import inference
 from capsnet.cli import args as cli_args
 from capsnet.cli.predict import expand_inputs, read_named, shown_name
-from capsnet.config import class_index, class_names, label_of
 from capsnet.data.image_dataset import display_images
+from capsnet.data.model_view import class_index, class_names, label_of
 from capsnet.routing_trace import RoutingTrace, routing_trace
 from capsnet.training.metrics_log import read_metrics
 

@@ -10,8 +10,8 @@ import numpy as np
 from PIL import Image
 
 from capsnet.cli import args as cli_args
-from capsnet.config import indexed_name
 from capsnet.data.image_dataset import PIXEL_MAX
+from capsnet.data.model_view import indexed_name
 from capsnet.inference import Prediction, predict_prepared
 from capsnet.preprocess import PreprocessError, prepare_for_model
 

@@ -1,12 +1,17 @@
 """What the data decides about a model (input normalisation, CapsNet's Conv1 stride, whether
 own images are made as MNIST's digits were) and a dataset as a trained model sees it: the
-test split at the model's channels and size, centre-cropped for a model trained on crops."""
+test split at the model's channels and size, centre-cropped for a model trained on crops;
+the classes' names as a model's text gives them."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
-from capsnet.config import INPUT_NORMS, class_names, conv_output_size
+from PIL import Image, UnidentifiedImageError
+
+from capsnet.config import INPUT_NORMS, conv_output_size
 from capsnet.data.datasets import FOLDER, load_dataset, load_split
+from capsnet.data.folder import FolderDatasetError, scan_folder
 from capsnet.data.image_dataset import GREY_NDIM, ImageDataset
 from capsnet.data.transforms import center_crop, place_on_canvas
 
@@ -73,6 +78,22 @@ def model_for_data(image_size: int, num_classes: int) -> str:
     return "capsnet"
 
 
+def folder_shape(root: str | os.PathLike, image_size: int | None = None) -> tuple[int, int]:
+    """(image side, classes) of an image folder from its listing and one image's header,
+    nothing decoded: ``image_size`` if given, else the first readable training image's
+    height (a folder without ``image_size`` has one size, or fails to load)."""
+    layout = scan_folder(root)
+    if image_size is not None:
+        return image_size, len(layout.classes)
+    for path, _ in layout.train:
+        try:
+            with Image.open(path) as image:  # the header only
+                return image.height, len(layout.classes)
+        except (OSError, UnidentifiedImageError):
+            continue  # unreadable: the loader reports or skips it
+    raise FolderDatasetError(f"{layout.root}: no readable training image")
+
+
 def resolve_model(name: str, image_size: int, num_classes: int) -> str:
     """``name``, or for 'auto' the model :func:`model_for_data` picks."""
     return model_for_data(image_size, num_classes) if name == AUTO_MODEL else name
@@ -127,3 +148,33 @@ def load_test_set(config, dataset: str | None = None,
         raise ValueError(f"the {name} test set's classes ({', '.join(test.classes)}) are not "
                          f"the model's ({', '.join(class_names(config))})")
     return fit_to_model(test, config)
+
+
+def class_names(config) -> list[str]:
+    """The classes' names in index order: the config's, else "0", "1", ..."""
+    return list(config.class_names) or [str(i) for i in range(config.num_classes)]
+
+
+def label_of(config, index: int) -> str:
+    """How class ``index`` is named in text: "7" for digits named by their index, else the
+    name with the index, "Sneaker (7)"."""
+    return indexed_name(class_names(config), index)
+
+
+def indexed_name(names: Sequence[str], index: int) -> str:
+    """names[index], followed by " (index)" unless the name is the index itself."""
+    name = names[index]
+    return name if name == str(index) else f"{name} ({index})"
+
+
+def class_index(config, text: str) -> int:
+    """A class named on the command line, by index ("7") or by name ("Sneaker"), -> its
+    index; ValueError naming the classes when there is no such class."""
+    names = class_names(config)
+    if text in names:
+        return names.index(text)
+    if text.lstrip("-").isdigit() and 0 <= int(text) < len(names):
+        return int(text)
+    named = any(name != str(j) for j, name in enumerate(names))
+    listed = f" ({', '.join(f'{j}={n}' for j, n in enumerate(names))})" if named else ""
+    raise ValueError(f"no class {text!r}: the model's classes are 0..{len(names) - 1}{listed}")

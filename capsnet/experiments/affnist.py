@@ -17,7 +17,7 @@ from capsnet.models import count_parameters
 from capsnet.training import distributed
 from capsnet.training.distributed import World
 from capsnet.training.fit import INITIALISATION_IMAGES, data_overrides, protocol_data
-from capsnet.training.loop import MakeBatch, StepOptions, classification_batch, evaluate
+from capsnet.training.loop import MakeBatch, classification_batch, evaluate
 from capsnet.training.runner import Log, Task, run_task
 from capsnet.training.settings import TrainSettings
 
@@ -103,7 +103,7 @@ class AffnistTask(Task):
         x = placed(self.images, self.canvas, s.seed * SEED_STRIDE + epoch)  # (M, 40, 40)
         order = epoch_order(len(self.labels), s.seed, epoch, world.device)
         order = distributed.shard_order(order, world.rank, world.size)
-        return order, classification_batch(model, x, self.labels, StepOptions(max_shift=0))
+        return order, classification_batch(model, x, self.labels, max_shift=0)
 
     def validate(self, model: nn.Module, world: World) -> dict:
         val = distributed.evaluate_sharded(model, self.val_images, self.val_labels, world,

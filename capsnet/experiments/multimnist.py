@@ -204,7 +204,7 @@ def train_pairs_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images
     loss = functools.partial(pairs_loss, reconstruction_weight=options.reconstruction_weight)
     step = functools.partial(train_step, model, optimizer, loss, grad_scaler=options.grad_scaler)
     result = run_epoch(step, order, pairs_batch(images, labels, options.max_shift, generator),
-                       options)
+                       options.batch_size, **options.read_backs())
     return {"train_loss": result["loss"], "train_accuracy": result["accuracy"]}
 
 

@@ -1,19 +1,22 @@
 """What a model will cost before anything is allocated: its parameters counted on the meta
-device (no memory), the bytes every operation of one training forward pass writes (an upper
-bound of what backward keeps), and the one-line error :func:`check_fits` raises for a model
-that cannot fit this machine's memory (instead of the allocator's crash)."""
+device (no memory), a run's peak memory from one trace of its training steps and evaluation
+on fake tensors (:func:`peak_estimate`), and the one-line error :func:`check_fits` raises
+for a model that cannot fit this machine's memory (instead of the allocator's crash)."""
 from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+import weakref
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from capsnet.config import ConfigError
+from capsnet.losses import model_loss
 
 FLOAT_BYTES = 4
 # Training keeps the weights, their gradients and Adam's two moments: 4 copies.
@@ -41,59 +44,82 @@ def parameter_count(config) -> int:
     return sum(p.numel() for p in meta_model(config).parameters())
 
 
-class WrittenBytes(TorchDispatchMode):
-    """Adds up the bytes of every tensor the operations inside it return."""
+class LiveBytes(TorchDispatchMode):
+    """The bytes of the tensor storages created inside this mode and still alive: ``current``
+    and the ``peak`` since it was entered. Works on fake tensors (shapes only)."""
 
     def __init__(self):
         super().__init__()
-        self.total = 0
+        self.current = self.peak = 0
+        self._live: dict[int, int] = {}
+
+    def _freed(self, key: int) -> None:
+        self.current -= self._live.pop(key, 0)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.total += t.numel() * t.element_size()
+        given = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs))
+                 if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key = storage._cdata
+            if key in given or key in self._live or storage.nbytes() == 0:
+                continue  # an input written in place or viewed, or known already
+            self._live[key] = storage.nbytes()
+            self.current += storage.nbytes()
+            self.peak = max(self.peak, self.current)
+            weakref.finalize(storage, self._freed, key)
         return out
 
 
-def forward_bytes(config, batch: int) -> int:
-    """Bytes written by one training-mode forward pass of ``batch`` images, on fake CPU
-    tensors (shapes only, nothing allocated): an upper bound of what backward keeps."""
-    from capsnet.models import entry_of  # the registry imports this module
-    with FakeTensorMode():
-        model = entry_of(config).model(config).train()
-        images = torch.zeros(batch, config.in_channels, config.image_size, config.image_size)
-        labels = torch.zeros(batch, dtype=torch.long)
-        with WrittenBytes() as counter:
-            try:
-                model(images, labels)
-            except TypeError:  # a model without labels (the CNNs)
-                model(images)
-    return counter.total
+def traced_peak_bytes(model: nn.Module, batch: int, eval_batch: int) -> tuple[int, int]:
+    """(training, evaluation): the most bytes of tensors alive at once while ``model`` (as it
+    will compute: its precision and kernels) takes a training step at ``batch`` with Adam's
+    moments made (forward, loss, backward, Adam: a run's second step), and what evaluating a
+    batch of ``eval_batch`` then adds to what the step left (the gradients and moments).
+    Traced on fake tensors: shapes only, nothing allocated or computed; the weights (which
+    exist already) are not counted."""
+    config, device = model.config, next(model.parameters()).device
+    was_training = model.training
+    shape = (config.in_channels, config.image_size, config.image_size)
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        weights = {name: fake.from_tensor(p).requires_grad_(p.requires_grad)
+                   for name, p in model.named_parameters()}
+        state = {**weights, **{name: fake.from_tensor(b) for name, b in model.named_buffers()}}
+        optimizer = torch.optim.Adam(list(weights.values()))
+        with LiveBytes() as live:
+            for w in weights.values():  # a first step's gradients make Adam's moments
+                w.grad = torch.zeros_like(w)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            model.train()
+            x = torch.zeros(batch, *shape, device=device)  # (B, C, H, W)
+            y = torch.zeros(batch, dtype=torch.long, device=device)  # (B,)
+            model_loss(functional_call(model, state, (x, y)), x, y).backward()
+            optimizer.step()
+            del x, y
+            training, held = live.peak, live.current
+            model.eval()
+            with torch.no_grad():
+                functional_call(model, state, (torch.zeros(eval_batch, *shape, device=device),))
+    model.train(was_training)
+    return training, live.peak - held
 
 
-@dataclass(frozen=True)
-class SizeEstimate:
-    parameters: int
-    training_bytes: int  # weights, gradients, Adam's moments
-    forward_bytes: int | None  # one training forward at ``batch``; None: not estimated
-    batch: int | None
-
-    def describe(self) -> str:
-        line = (f"{self.parameters:,} parameters ({self.training_bytes / GIB:.2f} GiB to train "
-                f"with Adam)")
-        if self.forward_bytes is not None:
-            line += (f", at most {self.forward_bytes / GIB:.2f} GiB of activations at batch "
-                     f"{self.batch}")
-        return line
-
-
-def estimate(config, batch: int | None = None) -> SizeEstimate:
-    """Parameters and memory of training ``config``'s model (activations if ``batch``)."""
-    parameters = parameter_count(config)
-    activations = forward_bytes(config, batch) if batch else None
-    return SizeEstimate(parameters, TRAINING_COPIES * FLOAT_BYTES * parameters, activations,
-                        batch)
+def peak_estimate(model: nn.Module, batch: int, eval_batch: int,
+                  resident: tuple[int, int]) -> int:
+    """A run's peak memory per process from what is ``resident`` (now, peak so far: the
+    libraries, the data, the weights) and :func:`traced_peak_bytes`. On a GPU the caching
+    allocator's allocated bytes peak at the larger phase; a CPU process keeps what training
+    took when evaluation takes more (its allocator and oneDNN's caches hold freed memory),
+    so there the phases add."""
+    now, peak = resident
+    training, evaluation = traced_peak_bytes(model, batch, eval_batch)
+    device = next(model.parameters()).device
+    phases = max(training, evaluation) if device.type == "cuda" else training + evaluation
+    return max(peak, now + phases)
 
 
 def data_shape(config) -> str:

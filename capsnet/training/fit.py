@@ -30,7 +30,6 @@ from capsnet.training import distributed
 from capsnet.training.distributed import World
 from capsnet.training.loop import (
     MakeBatch,
-    StepOptions,
     classification_batch,
     evaluate,
     train_one_epoch,  # noqa: F401  (capsnet.training.fit.train_one_epoch, as before)
@@ -178,12 +177,11 @@ class ClassifyTask(Task):
         order = distributed.shard_order(order, world.rank, world.size)  # this rank's share
         generator = torch.Generator(device=device).manual_seed(
             epoch_seed(s.seed, epoch) + 1 + world.rank)
-        augmentation = StepOptions(max_shift=s.max_shift, crop=self.data.crop, augment=s.augment,
-                                   adversarial=s.adversarial,
-                                   adversarial_eps=s.adversarial_eps or 0.0,
-                                   adversarial_steps=s.adversarial_steps)
-        return order, classification_batch(model, self.data.train.images,
-                                           self.data.train.labels, augmentation, generator)
+        return order, classification_batch(
+            model, self.data.train.images, self.data.train.labels, generator,
+            augment=s.augment, max_shift=s.max_shift, crop=self.data.crop,
+            adversarial=s.adversarial, adversarial_eps=s.adversarial_eps or 0.0,
+            adversarial_steps=s.adversarial_steps)
 
     def validate(self, model: nn.Module, world: World) -> dict:
         d, row = self.data, {}

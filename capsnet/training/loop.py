@@ -19,6 +19,7 @@ from torch import nn
 
 from capsnet.attacks.training import adversarial_batch
 from capsnet.data.augment_efficient import efficient_augment
+from capsnet.data.augment_shift import epoch_shifts, shift_by
 from capsnet.data.image_dataset import to_model_input
 from capsnet.data.transforms import random_crop, random_shift
 from capsnet.losses import model_loss
@@ -33,18 +34,26 @@ class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite."""
 
 
+# The paper's augmentation: random shifts of up to 2 pixels.
+PAPER_MAX_SHIFT = 2
+# Steps between loss read-backs (the non-finite check and the progress bar).
+CHECK_EVERY = 20
+# Images per batch of evaluation (validation, the test, predictions).
+EVAL_BATCH = 500
+
+
 @dataclass
 class StepOptions:
-    """How each training step is run."""
+    """How each step of :func:`train_one_epoch` runs (the batch, the augmentation of
+    :func:`classification_batch`, the read-backs of :func:`run_epoch`), in one object."""
 
     batch_size: int = 128
-    max_shift: int = 2  # the paper's augmentation: shifts of up to 2 pixels
+    max_shift: int = PAPER_MAX_SHIFT
     reconstruction_weight: float = 0.0005
-    check_every: int = 20  # steps between loss read-backs (finite check, progress)
+    check_every: int = CHECK_EVERY
     crop: int | None = None  # random crops of this size (the paper's CIFAR-10 24x24), not shifts
     grad_scaler: Any = None  # torch.amp.GradScaler when the model trains in fp16, else None
-    # sums a tensor over the DDP ranks (distributed.summer), so that every rank sees the
-    # same loss at a read-back and stops alike on a non-finite one; None in one process
+    # sums a tensor over the DDP ranks (distributed.summer); None in one process
     sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None
     # the fraction of the whole run done at this epoch's start and end: losses that change
     # over the run (the spread loss's margin) take each step's; (1, 1): the final loss
@@ -56,9 +65,24 @@ class StepOptions:
     adversarial_steps: int = 10
 
     def __post_init__(self) -> None:
-        if self.augment == "efficient" and self.crop is not None:
-            raise ValueError("random crops take the place of the 'shift' augmentation; they "
-                             "do not combine with the 'efficient' one")
+        check_augmentation(self.augment, self.crop)
+
+    def augmentation(self) -> dict:
+        """:func:`classification_batch`'s keywords."""
+        return dict(augment=self.augment, max_shift=self.max_shift, crop=self.crop,
+                    adversarial=self.adversarial, adversarial_eps=self.adversarial_eps,
+                    adversarial_steps=self.adversarial_steps)
+
+    def read_backs(self) -> dict:
+        """:func:`run_epoch`'s keywords."""
+        return dict(run_span=self.run_span, check_every=self.check_every,
+                    sum_over_ranks=self.sum_over_ranks)
+
+
+def check_augmentation(augment: str, crop: int | None) -> None:
+    if augment == "efficient" and crop is not None:
+        raise ValueError("random crops take the place of the 'shift' augmentation; they "
+                         "do not combine with the 'efficient' one")
 
 
 Batch = tuple[torch.Tensor, ...]  # the model's input first, then what the loss needs
@@ -91,19 +115,21 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch_loss: B
     return loss.detach(), right
 
 
-def run_epoch(step: Step, order: torch.Tensor, make_batch: MakeBatch, options: StepOptions,
-              scheduler=None, on_progress: Callable[[int, float, float], None] | None = None
-              ) -> dict:
-    """Train one epoch over the batches of ``order`` (M,), ``options.batch_size`` each.
-    Returns {'loss', 'accuracy', 'steps'}; ``on_progress(done, loss, accuracy)`` and the
-    NonFiniteLossError check run at each read-back (the first step, then every
-    ``check_every`` steps and the last)."""
+def run_epoch(step: Step, order: torch.Tensor, make_batch: MakeBatch, batch_size: int,
+              scheduler=None, on_progress: Callable[[int, float, float], None] | None = None, *,
+              run_span: tuple[float, float] = (1.0, 1.0), check_every: int = CHECK_EVERY,
+              sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict:
+    """Train one epoch over the batches of ``order`` (M,), ``batch_size`` each; step n of N
+    gets the run fraction ``start + (end - start) * (n - 1) / N`` of ``run_span``. Returns
+    {'loss', 'accuracy', 'steps'}; ``on_progress(done, loss, accuracy)`` and the
+    NonFiniteLossError check (the loss summed over the ranks by ``sum_over_ranks``) run at
+    each read-back: the first step, then every ``check_every`` steps and the last."""
     device = order.device
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
     seen = 0
-    batches = order.split(options.batch_size)
-    start, end = options.run_span
+    batches = order.split(batch_size)
+    start, end = run_span
     for n, idx in enumerate(batches, start=1):
         batch = make_batch(idx)  # the augmented batch, on the device
         loss, right = step(batch, start + (end - start) * (n - 1) / len(batches))
@@ -112,9 +138,9 @@ def run_epoch(step: Step, order: torch.Tensor, make_batch: MakeBatch, options: S
         loss_sum += loss * idx.numel()
         correct += right
         seen += idx.numel()
-        if n == 1 or n % options.check_every == 0 or n == len(batches):
-            mean_loss = checked_mean_loss(loss_sum, seen, options.sum_over_ranks,
-                                          f"within steps {max(1, n - options.check_every + 1)}"
+        if n == 1 or n % check_every == 0 or n == len(batches):
+            mean_loss = checked_mean_loss(loss_sum, seen, sum_over_ranks,
+                                          f"within steps {max(1, n - check_every + 1)}"
                                           f"-{n} of the epoch")
             if on_progress is not None:
                 on_progress(seen, mean_loss, correct.item() / seen)
@@ -127,26 +153,39 @@ def train_one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, images: 
                     generator: torch.Generator | None = None,
                     on_progress: Callable[[int, float, float], None] | None = None) -> dict:
     """One classification epoch over ``images[order]`` (images (N, H, W) uint8, labels (N,),
-    order (M,)) with the settings' augmentation: :func:`run_epoch` of :func:`train_step`."""
+    order (M,)) with the options' augmentation: :func:`run_epoch` of :func:`train_step`."""
     model.train()
     step = functools.partial(train_step, model, optimizer,
                              functools.partial(classification_loss,
                                                reconstruction_weight=options.reconstruction_weight),
                              grad_scaler=options.grad_scaler)
-    make_batch = classification_batch(model, images, labels, options, generator)
-    return run_epoch(step, order, make_batch, options, on_progress=on_progress)
+    make_batch = classification_batch(model, images, labels, generator,
+                                      **options.augmentation())
+    return run_epoch(step, order, make_batch, options.batch_size, on_progress=on_progress,
+                     **options.read_backs())
 
 
 def classification_batch(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
-                         options: StepOptions, generator: torch.Generator | None = None
-                         ) -> MakeBatch:
-    """The classifier's training batch of indices ``idx``: augmented images and labels."""
+                         generator: torch.Generator | None = None, *, augment: str = "shift",
+                         max_shift: int = PAPER_MAX_SHIFT, crop: int | None = None,
+                         adversarial: str | None = None, adversarial_eps: float = 0.0,
+                         adversarial_steps: int = 10) -> MakeBatch:
+    """The classifier's training batch of indices ``idx``: images with the augmentation
+    (:func:`augment_batch`), or the ``model``'s own ``adversarial`` images of them
+    (capsnet.attacks.training: 'fgsm-rs' or 'pgd', in the L-inf ``adversarial_eps`` ball),
+    and their labels. The paper's shifts are drawn for the whole epoch here, at its start."""
+    check_augmentation(augment, crop)
+    shifts = (epoch_shifts(len(images), max_shift, generator, images.device)
+              if augment == "shift" and crop is None else None)  # (N, 2)
+
     def make_batch(idx: torch.Tensor) -> Batch:
-        x = augment(to_model_input(images[idx]), options, generator)  # (B, C, H, W)
+        x = to_model_input(images[idx])  # (B, C, H, W)
+        x = (augment_batch(x, generator, augment=augment, max_shift=max_shift, crop=crop)
+             if shifts is None else shift_by(x, shifts[idx], max_shift))
         y = labels[idx]  # (B,)
-        if options.adversarial is not None:  # the model's own attacked images instead
-            x = adversarial_batch(model, x, y, options.adversarial, options.adversarial_eps,
-                                  options.adversarial_steps, generator=generator)
+        if adversarial is not None:  # the model's own attacked images instead
+            x = adversarial_batch(model, x, y, adversarial, adversarial_eps, adversarial_steps,
+                                  generator=generator)
         return x, y
     return make_batch
 
@@ -220,15 +259,16 @@ def checked_mean_loss(loss_sum: torch.Tensor, seen: int,
     return mean_loss
 
 
-def augment(x: torch.Tensor, options: StepOptions,
-            generator: torch.Generator | None = None) -> torch.Tensor:
-    """The training augmentation of a float batch (B, C, H, W): Efficient-CapsNet's, a random
-    ``crop``, or random shifts of up to ``max_shift`` pixels."""
-    if options.augment == "efficient":
+def augment_batch(x: torch.Tensor, generator: torch.Generator | None = None, *,
+                  augment: str = "shift", max_shift: int = PAPER_MAX_SHIFT,
+                  crop: int | None = None) -> torch.Tensor:
+    """The training augmentation of a float batch (B, C, H, W): Efficient-CapsNet's
+    (``augment`` 'efficient'), a random ``crop``, or random shifts of up to ``max_shift``."""
+    if augment == "efficient":
         return efficient_augment(x, generator)  # (B, C, H, W)
-    if options.crop is not None:
-        return random_crop(x, options.crop, generator)  # (B, C, crop, crop)
-    return random_shift(x, options.max_shift, generator)  # (B, C, H, W)
+    if crop is not None:
+        return random_crop(x, crop, generator)  # (B, C, crop, crop)
+    return random_shift(x, max_shift, generator)  # (B, C, H, W)
 
 
 @dataclass
@@ -254,7 +294,8 @@ class EvalResult:
 
 
 @torch.no_grad()
-def predict_scores(model: nn.Module, images: torch.Tensor, batch_size: int = 500) -> torch.Tensor:
+def predict_scores(model: nn.Module, images: torch.Tensor,
+                   batch_size: int = EVAL_BATCH) -> torch.Tensor:
     """Class scores (N, J) float32 for uint8 images (N, H, W) on the model's device."""
     model.eval()
     scores = []
@@ -265,7 +306,7 @@ def predict_scores(model: nn.Module, images: torch.Tensor, batch_size: int = 500
 
 @torch.no_grad()
 def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
-             batch_size: int = 500, reconstruction_weight: float = 0.0005) -> EvalResult:
+             batch_size: int = EVAL_BATCH, reconstruction_weight: float = 0.0005) -> EvalResult:
     """Accuracy, mean loss, confusion matrix and class scores (those of
     :func:`predict_scores`) on uint8 images (N, H, W), labels (N,)."""
     model.eval()

@@ -29,13 +29,14 @@ from capsnet.config import config_to_dict
 from capsnet.devices import machine_description, tune_backends
 from capsnet.models import unwrap
 from capsnet.models.base import grad_scaler_for
+from capsnet.models.sizing import peak_estimate
 from capsnet.training import distributed
 from capsnet.training.distributed import World, rng_state, set_rng_state
 from capsnet.training.loop import (
+    EVAL_BATCH,
     Batch,
     MakeBatch,
     NonFiniteLossError,
-    StepOptions,
     classification_loss,
     cuda_graphed,
     run_epoch,
@@ -127,11 +128,12 @@ def run_task(task: Task, resume: str | None = None, argv: list[str] | None = Non
     settings, run_dir, device = task.settings, Path(task.settings.out_dir), world.device
     finished, memory, tensorboard = False, {}, None
     try:
-        training, plan, state, options = start_run(task, resume, argv, log, world)
+        batch = distributed.per_rank_batch(settings.batch_size, world)  # fails if not divisible
+        training, plan, state, grad_scaler = start_run(task, batch, resume, argv, log, world)
         step_model = distributed.wrap_model(training.model, world)
         loss_fn = torch.compile(task.batch_loss) if settings.compile else task.batch_loss
         step = functools.partial(train_step, step_model, training.optimizer, loss_fn,
-                                 grad_scaler=options.grad_scaler, ema=training.ema)
+                                 grad_scaler=grad_scaler, ema=training.ema)
         if settings.cuda_graph and device.type == "cuda":
             step = cuda_graphed(step)
         tensorboard = tensorboard_writer(run_dir) if world.is_main else None
@@ -140,13 +142,14 @@ def run_task(task: Task, resume: str | None = None, argv: list[str] | None = Non
             if state["reached_target"]:  # a resumed run that had reached it
                 break
             lr = float(training.optimizer.param_groups[0]["lr"])  # the epoch's first step's
-            options.run_span = ((epoch - 1) / settings.epochs, epoch / settings.epochs)
             order, make_batch = task.epoch_batches(step_model, epoch, world)
             step_model.train()
             tick = time.perf_counter()
-            with progress_bar(task, world, epoch, memory, options, log) as on_progress:
-                train = run_epoch(step, order, make_batch, options, training.scheduler,
-                                  on_progress)
+            with progress_bar(task, world, epoch, memory, batch) as on_progress:
+                train = run_epoch(step, order, make_batch, batch, training.scheduler,
+                                  on_progress, sum_over_ranks=distributed.summer(world),
+                                  run_span=((epoch - 1) / settings.epochs,
+                                            epoch / settings.epochs))
             seconds = time.perf_counter() - tick
             loss, accuracy = distributed.all_reduce_mean([train["loss"], train["accuracy"]],
                                                          world)
@@ -175,7 +178,8 @@ def run_task(task: Task, resume: str | None = None, argv: list[str] | None = Non
                          or epoch % settings.checkpoint_every == 0)
             rng = rng_state(device, world)  # every rank's (a gather on GPUs)
             if world.is_main:
-                _checkpoint(task, training, plan, options, state, row, rng, improved, resumable)
+                _checkpoint(task, training, plan, grad_scaler, state, row, rng, improved,
+                            resumable)
                 log_metrics(run_dir, row, tensorboard)
             if resumable:
                 state["saved_epoch"] = epoch
@@ -199,18 +203,18 @@ def run_task(task: Task, resume: str | None = None, argv: list[str] | None = Non
         distributed.teardown(world, wait_for_all=finished)
 
 
-def start_run(task: Task, resume: str | None, argv, log: Log, world: World
-              ) -> tuple[Training, SpeedPlan, dict, StepOptions]:
+def start_run(task: Task, batch: int, resume: str | None, argv, log: Log, world: World
+              ) -> tuple[Training, SpeedPlan, dict, torch.amp.GradScaler | None]:
     """Everything before the first epoch: the data, the model, Adam, the schedule, the EMA
     (restored when resuming, else initialised from the data), the speed plan, the run
-    directory's description. Returns them with the epoch state and the step options."""
+    directory's description. Returns them with the epoch state and the fp16 gradient scaler
+    (None in other precisions)."""
     settings, device, run_dir = task.settings, world.device, Path(task.settings.out_dir)
     if settings.cuda_graph and world.distributed:
         raise ValueError("cuda_graph runs in one process; under torchrun leave it off")
     tune_backends(device, deterministic=settings.deterministic)
     torch.manual_seed(settings.seed)
     random.seed(settings.seed)
-    batch = distributed.per_rank_batch(settings.batch_size, world)  # fails if not divisible
     with distributed.local_main_first(world):  # one download per machine
         task.prepare(device)
     epoch_size = _epoch_size(task, world)
@@ -240,16 +244,35 @@ def start_run(task: Task, resume: str | None, argv, log: Log, world: World
         grad_scaler.load_state_dict(saved["grad_scaler"])
     log(f"speed: {plan.describe()}")
     if world.is_main:
+        state["memory_estimate"] = estimated_memory(training, batch, world.device, log)
+    if world.is_main:
         describe_run(run_dir, settings, training.model, plan, argv)
     log(task.describe(world))
-    options = StepOptions(batch, reconstruction_weight=settings.reconstruction_weight,
-                          grad_scaler=grad_scaler, sum_over_ranks=distributed.summer(world))
-    return training, plan, state, options
+    return training, plan, state, grad_scaler
+
+
+def estimated_memory(training: Training, batch: int, device: torch.device,
+                     log: Log) -> int | None:
+    """The run's peak memory per process as :func:`capsnet.models.sizing.peak_estimate`
+    traces it (the process's resident memory on a CPU, the GPU's allocated on CUDA), logged
+    in one line; None where the device does not say or the trace fails."""
+    resident = memory_now(device)
+    if resident is None:
+        return None
+    try:
+        estimate = peak_estimate(unwrap(training.model), batch, EVAL_BATCH, resident)
+    except Exception as exc:  # a model the fake-tensor trace cannot follow: train anyway
+        log(f"memory: not estimated ({type(exc).__name__}: {str(exc)[:80]!r})")
+        return None
+    log(f"memory: about {estimate / GIB:.2f} GiB peak per process, estimated ("
+        f"{resident[0] / GIB:.2f} GiB resident now plus a training step at batch {batch} and "
+        f"an evaluation batch of {EVAL_BATCH}, traced on fake tensors)")
+    return estimate
 
 
 @contextlib.contextmanager
-def progress_bar(task: Task, world: World, epoch: int, memory: dict, options: StepOptions,
-                 log: Log) -> Iterator[Progress]:
+def progress_bar(task: Task, world: World, epoch: int, memory: dict,
+                 batch: int) -> Iterator[Progress]:
     """The epoch's progress bar (rank 0, unless --no-progress) as an ``on_progress``; at
     the run's first read-back, after its first step, the step's memory is measured once
     (:func:`capsnet.tuning.measure_step_memory`)."""
@@ -258,7 +281,7 @@ def progress_bar(task: Task, world: World, epoch: int, memory: dict, options: St
 
         def on_progress(done: int, loss: float, accuracy: float) -> None:
             if not memory:
-                memory.update(measure_step_memory(world.device, options.batch_size))
+                memory.update(measure_step_memory(world.device, batch))
             bar.update(done - bar.n)
             bar.set_postfix(loss=f"{loss:.4f}", acc=f"{accuracy:.4f}")
 
@@ -275,7 +298,7 @@ def validate(task: Task, training: Training, world: World) -> dict:
     return row
 
 
-def _checkpoint(task: Task, training: Training, plan: SpeedPlan, options: StepOptions,
+def _checkpoint(task: Task, training: Training, plan: SpeedPlan, grad_scaler,
                 state: dict, row: dict, rng: dict, improved: bool, resumable: bool) -> None:
     """When ``resumable`` (every --checkpoint-every epochs, the last and before a stop)
     last.pt (everything a resume needs); best.pt when the epoch improved (a copy of last.pt,
@@ -286,8 +309,8 @@ def _checkpoint(task: Task, training: Training, plan: SpeedPlan, options: StepOp
     described = dict(train_settings=settings.to_dict(), metrics=row, speed_plan=plan.as_dict(),
                      **{k: state[k] for k in kept})
     state_now = dict(**training.checkpoint_state(), rng=rng)
-    if options.grad_scaler is not None:
-        state_now["grad_scaler"] = options.grad_scaler.state_dict()
+    if grad_scaler is not None:
+        state_now["grad_scaler"] = grad_scaler.state_dict()
     if resumable:
         save_checkpoint(run_dir / "last.pt", training.evaluated, **state_now, **described)
         if improved:  # the same checkpoint under another name: copied, not re-serialised
@@ -364,6 +387,7 @@ def _report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
                        **task.final_report(model, best, state, log))
     now = memory_now(next(model.parameters()).device)
     results["memory_peak_bytes"] = None if now is None else now[1]  # the test's too
+    results["memory_estimate_bytes"] = state.get("memory_estimate")
     if now is not None:
         log(f"memory: {now[1] / GIB:.2f} GiB peak per process over the whole run")
     write_json(run_dir / "results.json", results)

@@ -5,48 +5,37 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from capsnet.attacks.training import check_adversarial
 from capsnet.models import check_options, has_option, model_entry
 
 SCHEDULES = ("exp", "cosine")
-AUGMENTATIONS = ("shift", "efficient")  # capsnet.training.loop.augment
+AUGMENTATIONS = ("shift", "efficient")  # capsnet.training.loop.augment_batch
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """The training schedule a run gets when it names only the recipe."""
-
-    epochs: int
-    batch_size: int
-    lr_scale: float  # peak Adam rate as a multiple of the model's paper rate (1e-3 for CapsNet)
-    schedule: str  # 'exp': x lr_decay after each epoch; 'cosine': set every step
-    lr_decay: float  # 'exp': the factor applied after each epoch
-    warmup_epochs: float  # linear warm-up to the peak rate, in epochs (0: none)
-    min_lr: float  # the floor: where 'cosine' ends; 'exp' never goes below it
-    ema_decay: float  # moving average of the weights, updated every step (0: none)
-    ema_warmup: bool  # the average's decay ramps up as min(decay, (1 + n) / (10 + n))
-    augment: str  # 'shift' (random shifts of up to max_shift pixels) or 'efficient'
-    max_shift: int  # the 'shift' augmentation's pixels, when a run trains with it
-    val_size: int | None = None  # images held out for validation (None: validation_size())
-    margin_weight: float = 1.0  # the margin loss's factor (capsnet.losses.capsule_loss)
-    # CapsNet options the recipe sets (capsnet.models.capsnet.CapsNetConfig), for a model
-    # that has them
-    model_options: dict = field(default_factory=dict)
-
+# A recipe: the training schedule a run gets when it names only the recipe, as plain values
+# that fill the settings a run leaves None (RECIPE_FIELDS; ``lr_scale`` and ``max_shift`` in
+# __post_init__). Its keys: epochs, batch_size; lr_scale, the peak Adam rate as a multiple
+# of the model's paper rate (1e-3 for CapsNet); schedule, 'exp' (x lr_decay after each
+# epoch) or 'cosine' (set every step); warmup_epochs, a linear warm-up to the peak (0: none);
+# min_lr, the floor ('cosine' ends there, 'exp' never goes below it); ema_decay, the weights'
+# moving average updated every step (0: none), ema_warmup (its decay ramps up as
+# min(decay, (1 + n) / (10 + n))); augment, 'shift' (of up to max_shift pixels) or
+# 'efficient'; val_size (None: validation_size()); margin_weight (capsnet.losses.capsule_loss);
+# model_options, the CapsNet options it sets (capsnet.models.capsnet.CapsNetConfig).
 
 # The paper's: Adam at 1e-3 decayed by 0.96 after each epoch, 2-pixel shifts, batch 128.
-PAPER_RECIPE = Recipe(epochs=10, batch_size=128, lr_scale=1.0, schedule="exp", lr_decay=0.96,
-                      warmup_epochs=0.0, min_lr=0.0, ema_decay=0.0, ema_warmup=False,
-                      augment="shift", max_shift=2)
+PAPER_RECIPE = dict(epochs=10, batch_size=128, lr_scale=1.0, schedule="exp", lr_decay=0.96,
+                    warmup_epochs=0.0, min_lr=0.0, ema_decay=0.0, ema_warmup=False,
+                    augment="shift", max_shift=2, val_size=None, margin_weight=1.0,
+                    model_options={})
 
 # Peak Adam 3 x the rate, one epoch of warm-up, cosine to 1e-5, EMA 0.999, chosen on
 # validation only (docs/results.md, "The fast recipe: time to accuracy").
-FAST_RECIPE = Recipe(epochs=15, batch_size=128, lr_scale=3.0, schedule="cosine", lr_decay=0.96,
-                     warmup_epochs=1.0, min_lr=1e-5, ema_decay=0.999, ema_warmup=True,
-                     augment="shift", max_shift=2)
+FAST_RECIPE = {**PAPER_RECIPE, "epochs": 15, "lr_scale": 3.0, "schedule": "cosine",
+               "warmup_epochs": 1.0, "min_lr": 1e-5, "ema_decay": 0.999, "ema_warmup": True}
 
 # The released code's (tensorflow/models, research/capsules: model.py and experiment.py's
 # MNIST command): Adam 1e-3 x 0.96 ** (step / 2,000) (tf.train.exponential_decay, not
@@ -57,26 +46,29 @@ MNIST_TRAIN_IMAGES, RELEASED_BATCH = 60_000, 128
 RELEASED_STEPS_PER_EPOCH = math.ceil(MNIST_TRAIN_IMAGES / RELEASED_BATCH)  # 469
 # Here the rate steps once an epoch, to the released curve's value at the epoch's start:
 # 0.96 ** (469 / 2000) = 0.9905 an epoch, 640 epochs (300,160 steps), ending near 2.2e-6.
-OFFICIAL_RECIPE = Recipe(
-    epochs=math.ceil(RELEASED_STEPS / RELEASED_STEPS_PER_EPOCH), batch_size=RELEASED_BATCH,
-    lr_scale=1.0, schedule="exp",
-    lr_decay=RELEASED_DECAY ** (RELEASED_STEPS_PER_EPOCH / RELEASED_DECAY_STEPS),
-    warmup_epochs=0.0, min_lr=RELEASED_MIN_LR, ema_decay=0.0, ema_warmup=False,
-    augment="shift", max_shift=2, val_size=0,
-    margin_weight=0.5,  # layers._margin_loss: 0.5 x present + 0.5 x 0.5 x absent
-    model_options={"routing_full_graph": True,  # the votes' gradient through every iteration
-                   "routing_biases": True,  # capsule layer's `biases` (0.1) before each squash
-                   "digit_weights_stddev": 0.1})  # variables.weight_variable's stddev
+OFFICIAL_RECIPE = {
+    **PAPER_RECIPE, "epochs": math.ceil(RELEASED_STEPS / RELEASED_STEPS_PER_EPOCH),
+    "batch_size": RELEASED_BATCH,
+    "lr_decay": RELEASED_DECAY ** (RELEASED_STEPS_PER_EPOCH / RELEASED_DECAY_STEPS),
+    "min_lr": RELEASED_MIN_LR, "val_size": 0,
+    "margin_weight": 0.5,  # layers._margin_loss: 0.5 x present + 0.5 x 0.5 x absent
+    "model_options": {"routing_full_graph": True,  # the votes' gradient through every iteration
+                      "routing_biases": True,  # capsule layer's `biases` (0.1) before each squash
+                      "digit_weights_stddev": 0.1}}  # variables.weight_variable's stddev
 
 # The recipes by name, as CapsNet trains under them; a model's registry entry changes them.
 RECIPES = {"paper": PAPER_RECIPE, "fast": FAST_RECIPE, "official": OFFICIAL_RECIPE}
 
 
-def recipe_for(name: str, model: str = "capsnet") -> Recipe:
+def recipe_for(name: str, model: str = "capsnet") -> dict:
     """The recipe ``name`` with ``model``'s changes; ValueError naming the choices otherwise."""
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; choose from {', '.join(RECIPES)}")
-    return dataclasses.replace(RECIPES[name], **model_entry(model).recipes.get(name, {}))
+    changes = model_entry(model).recipes.get(name, {})
+    unknown = set(changes) - set(RECIPES[name])
+    if unknown:
+        raise ValueError(f"{model}'s {name} recipe changes unknown fields {sorted(unknown)}")
+    return {**RECIPES[name], **changes}
 
 
 def default_lr(model: str, preset: str) -> float:
@@ -148,17 +140,17 @@ class TrainSettings:
 
     def __post_init__(self) -> None:
         recipe = recipe_for(self.recipe, self.model)
-        for name, value in recipe.model_options.items():
+        for name, value in recipe["model_options"].items():
             if getattr(self, name) is None and has_option(self.model, name):
                 setattr(self, name, value)
         check_options(self.model, self.preset, **self.model_options())
         for name in RECIPE_FIELDS:
             if getattr(self, name) is None:
-                setattr(self, name, getattr(recipe, name))
+                setattr(self, name, recipe[name])
         if self.lr is None:
-            self.lr = recipe.lr_scale * default_lr(self.model, self.preset)
+            self.lr = recipe["lr_scale"] * default_lr(self.model, self.preset)
         if self.max_shift is None:  # the 'shift' augmentation's; a run without it records 0
-            self.max_shift = recipe.max_shift if self.augment == "shift" else 0
+            self.max_shift = recipe["max_shift"] if self.augment == "shift" else 0
         self.check()
 
     def model_options(self) -> dict:

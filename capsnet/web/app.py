@@ -35,8 +35,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.serving import BaseWSGIServer
 from werkzeug.serving import make_server as werkzeug_make_server
 
-from capsnet.config import class_names
-from capsnet.data.model_view import is_digit_model
+from capsnet.data.model_view import class_names, is_digit_model
 from capsnet.inference import decode_pose, model_device, predict_prepared, to_uint8
 from capsnet.preprocess import ImageTooLargeError, PreprocessError, prepare_for_model
 from capsnet.routing_trace import has_routing, routing_trace
