@@ -13,22 +13,82 @@ RECONSTRUCTION_WEIGHT = 0.0005
 SPREAD_MARGIN_START, SPREAD_MARGIN_END = 0.2, 0.9
 
 
+def margin_error(lengths: torch.Tensor, present: torch.Tensor, m_plus: float,
+                 m_minus: float) -> torch.Tensor:
+    """max(0, m+ - |v_k|) for the present classes, max(0, |v_k| - m-) for the others (B, J)."""
+    return torch.where(present, m_plus - lengths, lengths - m_minus).clamp_min(0)
+
+
+class MarginLoss(torch.autograd.Function):
+    """The margin loss of lengths (B, J) for the present classes (B, J) bool, with its
+    analytic gradient, 2 / B (-max(0, m+ - |v_k|) if present else lam max(0, |v_k| - m-)):
+    a few kernels instead of autograd's graph of one-hot, ReLUs and squares. Its backward
+    is differentiable (the error is recomputed under autograd when a graph is asked for)."""
+
+    @staticmethod
+    def forward(lengths, present, m_plus, m_minus, lam):
+        error = margin_error(lengths, present, m_plus, m_minus)  # (B, J)
+        squares = error.pow(2)
+        return torch.where(present, squares, lam * squares).sum(dim=-1).mean(), error
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        lengths, present, *ctx.constants = inputs
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)  # no zeros made for the error's gradient
+        ctx.save_for_backward(lengths, present, output[1])
+
+    @staticmethod
+    def backward(ctx, g, _):
+        if g is None:
+            return None, None, None, None, None
+        lengths, present, error = ctx.saved_tensors
+        m_plus, m_minus, lam = ctx.constants
+        if torch.is_grad_enabled():  # a graph of the gradient: the error with its graph
+            error = margin_error(lengths, present, m_plus, m_minus)
+        slope = torch.where(present, -error, lam * error)  # (B, J) d loss / d |v| * B / 2
+        return slope * (g * (2 / error.shape[0])), None, None, None, None
+
+
 def margin_loss(lengths: torch.Tensor, targets: torch.Tensor, m_plus: float = M_PLUS,
                 m_minus: float = M_MINUS, lam: float = LAMBDA) -> torch.Tensor:
     """L_k = T_k max(0, m+ - |v_k|)^2 + lam (1 - T_k) max(0, |v_k| - m-)^2, summed over k,
     averaged over the batch. lengths (B, J); targets (B,) indices or (B, J) 0/1."""
     if targets.dim() == 1:
-        targets = F.one_hot(targets, lengths.shape[-1])
-    T = targets.to(lengths.dtype)  # (B, J)
-    present = T * F.relu(m_plus - lengths).pow(2)
-    absent = lam * (1 - T) * F.relu(lengths - m_minus).pow(2)
-    return (present + absent).sum(dim=-1).mean()
+        present = torch.arange(lengths.shape[-1], device=targets.device) == targets.unsqueeze(-1)
+    else:
+        present = targets.bool()  # (B, J)
+    return MarginLoss.apply(lengths, present, m_plus, m_minus, lam)[0]
+
+
+class SquaredErrorSum(torch.autograd.Function):
+    """sum of (x - y)^2 over each example's numbers, averaged over the batch, x (B, ...) with
+    its gradient 2 (x - y) / B (y is data: no gradient); differentiable backward."""
+
+    @staticmethod
+    def forward(x, y):
+        diff = (x - y).flatten(1)  # (B, N)
+        return diff.pow(2).sum(dim=-1).mean(), diff
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*inputs, output[1])
+
+    @staticmethod
+    def backward(ctx, g, _):
+        if g is None:
+            return None, None
+        x, y, diff = ctx.saved_tensors
+        if torch.is_grad_enabled():  # a graph of the gradient: the difference with its graph
+            diff = (x - y).flatten(1)
+        return (diff * (g * (2 / diff.shape[0]))).view(x.shape), None
 
 
 def reconstruction_loss(reconstructions: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
     """Sum of squared pixel errors per image, averaged over the batch (not per pixel)."""
-    diff = (reconstructions.float() - images.float()).flatten(1)  # (B, C*H*W)
-    return diff.pow(2).sum(dim=-1).mean()
+    return SquaredErrorSum.apply(reconstructions.float(), images.float())[0]
 
 
 def capsule_loss(output, images: torch.Tensor, labels: torch.Tensor,

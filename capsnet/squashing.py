@@ -60,18 +60,29 @@ class Squash(torch.autograd.Function):
         s, u, k, f = ctx.saved_tensors
         if torch.is_grad_enabled():  # a graph of the gradient itself: parts with their graph
             u, k, f = squash_parts(s, ctx.dim)
-        along = (u * g).sum(dim=ctx.dim, keepdim=True)  # u . g
-        return torch.addcmul(g, u, along * (1 - 2 * f)) * k, None
+        return squash_grad(g, u, k, f, ctx.dim), None
+
+
+def squash_grad(g: torch.Tensor, u: torch.Tensor, k: torch.Tensor, f: torch.Tensor,
+                dim: int = -1) -> torch.Tensor:
+    """The gradient of s for the gradient g of squash(s), from s's parts (squash_parts)."""
+    along = (u * g).sum(dim=dim, keepdim=True)  # u . g
+    return torch.addcmul(g, u, along * (1 - 2 * f)) * k
+
+
+def squash_with_parts(s: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, ...]:
+    """squash(s) and the parts (u, k, f) of s that its gradient reuses (squash_grad)."""
+    if s.requires_grad and torch.is_grad_enabled() and not torch.jit.is_tracing():
+        return Squash.apply(s, dim)
+    u, k, f = squash_parts(s, dim)
+    return u * f, u, k, f
 
 
 def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """v = |s|^2 / (1 + |s|^2) * s / |s| along ``dim``, same shape, lengths in [0, 1); safe
     at s = 0 (v = 0, gradient 0) and for huge vectors (unit length, finite gradient). Under
     autograd :class:`Squash` (the analytic gradient); without (inference, export) plain ops."""
-    if s.requires_grad and torch.is_grad_enabled() and not torch.jit.is_tracing():
-        return Squash.apply(s, dim)[0]
-    u, _, f = squash_parts(s, dim)
-    return u * f
+    return squash_with_parts(s, dim)[0]
 
 
 # Short vectors use the factor's Taylor series (1 - e^-n) / n = 1 - n/2 + n^2/6 - n^3/24 +

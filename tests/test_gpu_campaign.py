@@ -1,7 +1,7 @@
 """benchmarks/gpu_campaign.py: jobs killed at their cap, the seeds resumed from --work, the
-smaller MNIST of a rehearsal, the imports the GPU image holds, and the whole rehearsal on a
-CPU: end to end within 3 minutes with what comes back, a second command that continues the
-same seeds, and a SIGTERM part-way."""
+smaller MNIST of a rehearsal, the imports the GPU image holds, and the rehearsal on a CPU:
+end to end with what comes back, then a second command that continues the same seeds and
+is stopped by SIGTERM part-way (one rehearsal of about a minute, not three)."""
 from __future__ import annotations
 
 import gzip
@@ -77,7 +77,7 @@ def test_a_rehearsal_reads_the_first_images_of_each_split(tiny_mnist_dir, tmp_pa
 def test_the_campaign_imports_the_standard_library_only_and_its_jobs_no_flask():
     code = ("import sys; import benchmarks.gpu_campaign; "
             "assert 'torch' not in sys.modules, 'torch'; "
-            "import benchmarks.campaign_health, capsnet.cli.main; "
+            "import capsnet.cli.main; "
             "absent = {'flask', 'werkzeug', 'onnx', 'onnxruntime', 'scipy', 'playwright'}; "
             "assert not absent & set(sys.modules), absent & set(sys.modules)")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120, env=ENV)
@@ -94,39 +94,8 @@ def test_help_names_the_options(capsys):
 
 
 def seeds(out: Path) -> dict:
-    return json.loads((out / "campaign.json").read_text())["official"]["seeds"]
-
-
-@pytest.mark.slow
-def test_the_tiny_rehearsal_and_a_second_command_that_continues_it(tiny_mnist_dir, tmp_path):
-    out, work, started = tmp_path / "out", tmp_path / "work", time.monotonic()
-    subprocess.run(command(tiny_mnist_dir, out, work), cwd=REPO, check=True,
-                   timeout=TINY_DEADLINE + 60, env=ENV)
-    assert time.monotonic() - started < TINY_DEADLINE
-    files = {p.name: p for p in out.iterdir()}
-    assert set(files) == {"campaign.json", "campaign.log", "curves.tar.gz",
-                          "seed-1.safetensors", "seed-2.safetensors", "seed-3.safetensors"}
-    assert len(files) <= OUT_FILES and all(p.stat().st_size < OUT_FILE_BYTES
-                                           for p in files.values())
-    record = json.loads(files["campaign.json"].read_text())
-    assert record["state"]["done"] and record["health"]["device"]["cpu_cores"] >= 1
-    assert record["health"]["evaluate-shipped"]["ok"]
-    assert record["speed"]["eager"]["epoch_s"] > 0 and record["speed"]["reference"]["ok"]
-    assert record["speed"]["compiled"]["skipped"] == "timed on a GPU"
-    assert record["official"]["mode"] in ("eager", "graphed")
-    first = seeds(out)
-    assert set(first) == {"seed-1", "seed-2", "seed-3"}
-    assert all(seed["epochs"] >= 1 and 0 <= seed["last_test_error"] <= 1
-               for seed in first.values())
-    with tarfile.open(files["curves.tar.gz"]) as tar:
-        names = set(tar.getnames())
-    assert {"seed-1/metrics.csv", "seed-2/results.json", "seed-3/config.json"} <= names
-    # A second command continues the same three runs from --work.
-    subprocess.run(command(tiny_mnist_dir, out, work, "--minutes", "1.0"), cwd=REPO,
-                   check=True, timeout=TINY_DEADLINE, env=ENV)
-    second = seeds(out)
-    assert all(second[name]["epochs"] > first[name]["epochs"] for name in first)
-    assert "--resume" in (out / "campaign.log").read_text()
+    """campaign.json's seed records so far (none before the official stage)."""
+    return json.loads((out / "campaign.json").read_text()).get("official", {}).get("seeds", {})
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -141,26 +110,53 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not condition():
+        time.sleep(0.5)
+    return condition()
+
+
+REHEARSAL_MINUTES = "1.1"  # the test's rehearsal; the command's own default is 2.9
+
+
 @pytest.mark.slow
-def test_sigterm_part_way_leaves_a_log_and_partial_json_and_no_process(tiny_mnist_dir, tmp_path):
-    out, work = tmp_path / "out", tmp_path / "work"
+def test_a_rehearsal_then_a_second_command_that_continues_it_until_sigterm(tiny_mnist_dir,
+                                                                          tmp_path):
+    out, work, started = tmp_path / "out", tmp_path / "work", time.monotonic()
+    subprocess.run(command(tiny_mnist_dir, out, work, "--minutes", REHEARSAL_MINUTES),
+                   cwd=REPO, check=True, timeout=TINY_DEADLINE, env=ENV)
+    assert time.monotonic() - started < TINY_DEADLINE
+    files = {p.name: p for p in out.iterdir()}
+    assert set(files) == {"campaign.json", "campaign.log", "curves.tar.gz",
+                          "seed-1.safetensors", "seed-2.safetensors", "seed-3.safetensors"}
+    assert len(files) <= OUT_FILES and all(p.stat().st_size < OUT_FILE_BYTES
+                                           for p in files.values())
+    record = json.loads(files["campaign.json"].read_text())
+    assert record["state"]["done"] and record["health"]["evaluate_shipped"]["ok"]
+    assert record["speed"]["eager"]["epoch_s"] > 0 and record["speed"]["graphed"]["epoch_s"] > 0
+    assert record["speed"]["reference"]["ok"] and "CPU" in record["speed"]["bench"]["device"]
+    assert record["speed"]["compiled"]["skipped"] == "timed on a GPU"
+    assert record["official"]["mode"] in ("eager", "graphed")
+    first = seeds(out)
+    assert set(first) == {"seed-1", "seed-2", "seed-3"}
+    assert all(seed["epochs"] >= 1 and 0 <= seed["last_test_error"] <= 1
+               for seed in first.values())
+    with tarfile.open(files["curves.tar.gz"]) as tar:
+        names = set(tar.getnames())
+    assert {"seed-1/metrics.csv", "seed-2/results.json", "seed-3/config.json"} <= names
+    # A second command resumes the same three runs from --work; SIGTERM once they moved on.
     proc = subprocess.Popen(command(tiny_mnist_dir, out, work), cwd=REPO,
                             stdout=subprocess.DEVNULL, env=ENV)
-    record, deadline = out / "campaign.json", time.monotonic() + 120
-    while time.monotonic() < deadline and not (
-            record.is_file() and "speed" in json.loads(record.read_text())):
-        time.sleep(0.5)
-    assert proc.poll() is None, "the campaign ended before its speed stage began"
+    assert wait_for(lambda: all(seeds(out).get(name, {}).get("epochs", 0) > seed["epochs"]
+                                for name, seed in first.items()), 90), "no seed continued"
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 143
-    assert time.monotonic() - sent < 30.0
+    assert proc.wait(timeout=60) == 143 and time.monotonic() - sent < 30.0
     log = (out / "campaign.log").read_text()
-    assert "SIGTERM: writing what is done" in log and "done in" in log
-    written = json.loads(record.read_text())
-    assert written["state"]["done"] is False and written["health"]
-    time.sleep(2.0)
-    assert processes_mentioning(str(work)) == []
+    assert "--resume" in log and "writing what is done" in log and "done in" in log
+    assert json.loads((out / "campaign.json").read_text())["state"]["done"] is False
+    assert wait_for(lambda: processes_mentioning(str(work)) == [], 5)
 
 
 def test_the_shipped_models_cpu_figure_is_read_from_the_readme():

@@ -23,8 +23,8 @@ class Decoder(nn.Module):
 
     def forward(self, poses: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         B, J, _ = poses.shape
-        if keep.dim() == 1:  # class indices -> one-hot mask
-            keep = torch.nn.functional.one_hot(keep, J)
-        masked = poses * keep.to(poses.dtype).unsqueeze(-1)  # (B, J, D)
+        if keep.dim() == 1:  # class indices -> a (B, J) mask, with no host sync
+            keep = torch.arange(J, device=keep.device) == keep.unsqueeze(-1)
+        masked = poses * keep.unsqueeze(-1)  # (B, J, D), the mask 0/1 in poses' dtype
         pixels = self.net(masked.reshape(B, -1))  # (B, C*H*W)
         return pixels.view(B, *self.image_shape)  # (B, C, H, W)

@@ -19,6 +19,7 @@ from torch import nn
 
 from capsnet.attacks.training import adversarial_batch
 from capsnet.data.augment_efficient import efficient_augment
+from capsnet.data.augment_shift import epoch_shifts, shift_by
 from capsnet.data.image_dataset import to_model_input
 from capsnet.data.transforms import random_crop, random_shift
 from capsnet.losses import model_loss
@@ -172,12 +173,15 @@ def classification_batch(model: nn.Module, images: torch.Tensor, labels: torch.T
     """The classifier's training batch of indices ``idx``: images with the augmentation
     (:func:`augment_batch`), or the ``model``'s own ``adversarial`` images of them
     (capsnet.attacks.training: 'fgsm-rs' or 'pgd', in the L-inf ``adversarial_eps`` ball),
-    and their labels."""
+    and their labels. The paper's shifts are drawn for the whole epoch here, at its start."""
     check_augmentation(augment, crop)
+    shifts = (epoch_shifts(len(images), max_shift, generator, images.device)
+              if augment == "shift" and crop is None else None)  # (N, 2)
 
     def make_batch(idx: torch.Tensor) -> Batch:
-        x = augment_batch(to_model_input(images[idx]), generator, augment=augment,
-                          max_shift=max_shift, crop=crop)  # (B, C, H, W)
+        x = to_model_input(images[idx])  # (B, C, H, W)
+        x = (augment_batch(x, generator, augment=augment, max_shift=max_shift, crop=crop)
+             if shifts is None else shift_by(x, shifts[idx], max_shift))
         y = labels[idx]  # (B,)
         if adversarial is not None:  # the model's own attacked images instead
             x = adversarial_batch(model, x, y, adversarial, adversarial_eps, adversarial_steps,
