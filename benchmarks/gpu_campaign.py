@@ -38,20 +38,20 @@ from pathlib import Path
 STARTED = time.monotonic()
 REPO = Path(__file__).resolve().parents[1]
 SEEDS = (1, 2, 3)
-SNAPSHOT = 10.0  # seconds between the seeds' curves in campaign.json
 CURVE_FILES = ("metrics.csv", "results.json", "config.json", "command.txt")
 MNIST = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
          "t10k-labels-idx1-ubyte")
 STATED = re.compile(r"shipped model[^*]*\*\*(\d+\.\d+)% test accuracy\*\*")  # README
 MODES = {"eager": (), "graphed": ("--cuda-graph",), "compiled": ("--compile",)}
 
-# A campaign (GPU) and its rehearsal (--tiny, a CPU): the preset, each stage's cap in seconds
-# ("final": kept for the weights, the archive and the record), the runs' extra arguments.
+# A campaign (GPU) and its rehearsal (--tiny, a CPU): the preset, stage caps in seconds ("final":
+# kept for the weights and the record), seconds between the seeds' records, runs' arguments.
 GPU = {"minutes": 9.0, "preset": "paper", "health": 60, "speed": 180, "epoch_run": 75,
-       "final": 25, "threads": "4", "train_args": (),
+       "final": 25, "snapshot": 10, "threads": "4", "train_args": (),
        "bench_args": ("--batch-size", "128", "--warmup", "3", "--repeats", "10")}
 TINY = {"minutes": 2.9, "preset": "small", "health": 30, "speed": 60, "epoch_run": 25,
-        "final": 12, "threads": "1", "train_args": ("--subset", "256"), "shrink": (2000, 100),
+        "final": 12, "snapshot": 2, "threads": "1", "train_args": ("--subset", "256"),
+        "shrink": (2000, 100),
         "bench_args": ("--batch-size", "2", "--warmup", "0", "--repeats", "1")}
 
 
@@ -230,7 +230,7 @@ def official(c: Campaign, timed: dict) -> None:
                                              limit), limit + c.p["final"]) for seed in SEEDS]
     while any([job.running() for job in jobs]):
         c.write("official", seeds=seed_records(root))
-        time.sleep(SNAPSHOT)
+        time.sleep(c.p["snapshot"])
     runs = {job.name: job.wait(c) for job in jobs}
     exports = [Job(c, f"export-{seed}", c.capsnet(
         "export", str(root / f"seed-{seed}" / "last.pt"), "--format", "safetensors", "-o",

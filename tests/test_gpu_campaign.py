@@ -148,10 +148,12 @@ def test_a_rehearsal_then_a_second_command_that_continues_it_until_sigterm(tiny_
     # A second command resumes the same three runs from --work; SIGTERM once they moved on.
     proc = subprocess.Popen(command(tiny_mnist_dir, out, work), cwd=REPO,
                             stdout=subprocess.DEVNULL, env=ENV)
-    assert wait_for(lambda: all(seeds(out).get(name, {}).get("epochs", 0) > seed["epochs"]
-                                for name, seed in first.items()), 90), "no seed continued"
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
+    try:
+        assert wait_for(lambda: all(seeds(out).get(name, {}).get("epochs", 0) > seed["epochs"]
+                                    for name, seed in first.items()), 90), "no seed continued"
+    finally:  # stopped either way; what it leaves is checked below
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143 and time.monotonic() - sent < 30.0
     log = (out / "campaign.log").read_text()
     assert "--resume" in log and "writing what is done" in log and "done in" in log
