@@ -61,9 +61,9 @@ def test_an_image_norm_cnn_is_the_raw_cnn_on_standardised_images():
 def test_the_data_does_not_switch_the_cnn_to_standardised_pixels(model, dataset, requested,
                                                                   expected):
     settings = TrainSettings(model=model, dataset=dataset, input_norm=requested)
-    train = SimpleNamespace(channels=1, classes=[str(k) for k in range(CLASSES)])
-    data = SimpleNamespace(model_size=28, train=train, crop=None)
-    assert data_overrides(settings, data)["input_norm"] == expected
+    train = SimpleNamespace(channels=1, classes=[str(k) for k in range(CLASSES)],
+                            image_size=(28, 28))
+    assert data_overrides(settings, train, image_size=28)["input_norm"] == expected
 
 
 def test_the_capsule_head_gives_squashed_class_vectors_and_the_margin_loss():
