@@ -5,7 +5,13 @@ import torch
 from torch import nn
 
 from capsnet.routing.base import Routed, Router, fully_connected_only, uniform_couplings
-from capsnet.squashing import full_precision, squash_grad, squash_parts, squash_with_parts
+from capsnet.squashing import (
+    full_precision,
+    squash,
+    squash_grad,
+    squash_parts,
+    squash_with_parts,
+)
 
 
 def couplings(b: torch.Tensor, none_of_the_above: bool = False) -> torch.Tensor:
@@ -51,7 +57,10 @@ def procedure_1(u_hat: torch.Tensor, iterations: int, none_of_the_above: bool = 
         s = weighted_sum(c, u, uniform)  # (B, J, D)
         if bias is not None:
             s = s + bias  # (B, J, D)
-        v, *parts = squash_with_parts(s)  # (B, J, D)
+        if last:  # the parts the gradient reuses
+            v, *parts = squash_with_parts(s)  # (B, J, D)
+        else:
+            v = squash(s)  # (B, J, D)
         c_all.append(c)
         if not last or last_agreement:
             agreement = torch.bmm(u.reshape(B * J, I, D), v.view(B * J, D, 1)).view(B, J, I)
@@ -89,7 +98,7 @@ class LastIterationRouting(torch.autograd.Function):
             return None, None, None
         u_hat, c, *parts = ctx.saved_tensors
         if torch.is_grad_enabled():  # a graph of the gradient: the last s with its graph
-            parts = squash_parts(weighted_sum(c, u_hat, ctx.uniform))
+            parts = squash_parts(weighted_sum(c, u_hat, ctx.uniform))[1:]
         g_s = squash_grad(g, *parts)  # (B, J, D)
         if c is None:
             return (g_s * ctx.uniform).unsqueeze(2).expand(u_hat.shape), None, None
