@@ -70,36 +70,40 @@ def procedure_1(u_hat: torch.Tensor, iterations: int, none_of_the_above: bool = 
 
 
 class LastIterationRouting(torch.autograd.Function):
-    """Procedure 1 on u_hat (B, J, I, D) -> v (B, J, D) and the couplings of iterations 2 on
-    (B, J, I), with the gradient of the last iteration only (``full_graph`` off: the
-    couplings are constants to it): grad u_hat_j|i = c_ij squash'(s_j) grad v_j. The forward
-    is :func:`procedure_1`'s; the backward a handful of kernels instead of autograd's
-    graph through the loop. Its backward is itself differentiable (the last s is rebuilt
-    from u_hat under autograd when a graph of the gradient is asked for)."""
+    """Procedure 1 on u_hat (B, J, I, D) -> v (B, J, D), its lengths |v| (B, J) and the
+    couplings of iterations 2 on (B, J, I), with the gradient of the last iteration only
+    (``full_graph`` off: the couplings are constants to it): grad u_hat_j|i = c_ij
+    squash'(s_j) (grad v_j + grad |v_j| u_j). The forward is :func:`procedure_1`'s; the
+    backward a handful of kernels instead of autograd's graph through the loop. Its backward
+    is itself differentiable (the last s is rebuilt from u_hat under autograd when a graph of
+    the gradient is asked for)."""
 
     @staticmethod
     def forward(u_hat: torch.Tensor, iterations: int, none_of_the_above: bool) -> tuple:
-        v, c_all, _, parts = procedure_1(u_hat, iterations, none_of_the_above)
-        return v, *c_all[1:], *parts  # parts last: apply's callers drop them
+        v, c_all, _, (u, k, f) = procedure_1(u_hat, iterations, none_of_the_above)
+        return v, f.view(f.shape[:-1]), *c_all[1:], u, k  # u, k last: apply's callers drop them
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         u_hat, iterations, none_of_the_above = inputs
-        v, *rest = output
-        ctx.mark_non_differentiable(*rest)
+        ctx.mark_non_differentiable(*output[2:])
         ctx.set_materialize_grads(False)
-        c_last = rest[-4] if iterations > 1 else None  # (B, J, I)
-        ctx.save_for_backward(u_hat, c_last, *rest[-3:])
+        c_last = output[-3] if iterations > 1 else None  # (B, J, I)
+        ctx.save_for_backward(u_hat, c_last, *output[-2:], output[1])
         ctx.uniform = uniform_share(u_hat.shape[1], none_of_the_above)
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor | None, *_) -> tuple:
-        if g is None:
+    def backward(ctx, g: torch.Tensor | None, g_lengths: torch.Tensor | None, *_) -> tuple:
+        if g is None and g_lengths is None:
             return None, None, None
-        u_hat, c, *parts = ctx.saved_tensors
+        u_hat, c, u, k, lengths = ctx.saved_tensors
+        f = lengths.unsqueeze(-1)  # (B, J, 1)
         if torch.is_grad_enabled():  # a graph of the gradient: the last s with its graph
-            parts = squash_parts(weighted_sum(c, u_hat, ctx.uniform))[1:]
-        g_s = squash_grad(g, *parts)  # (B, J, D)
+            _, u, k, f = squash_parts(weighted_sum(c, u_hat, ctx.uniform))
+        if g_lengths is not None:  # |v| = f along u: its gradient joins v's
+            g_lengths = g_lengths.unsqueeze(-1)  # (B, J, 1)
+            g = u * g_lengths if g is None else torch.addcmul(g, u, g_lengths)  # (B, J, D)
+        g_s = squash_grad(g, u, k, f)  # (B, J, D)
         if c is None:
             return (g_s * ctx.uniform).unsqueeze(2).expand(u_hat.shape), None, None
         if torch.is_grad_enabled():
@@ -161,14 +165,15 @@ class DynamicRouter(Router):
         fully_connected_only(self, children)
         if self.full_graph or self.bias is not None:
             v, c, _ = self.route(u_hat)  # (B, J, D) float32, c[0] None
+            lengths = torch.linalg.vector_norm(v, dim=-1)  # (B, J)
         else:  # gradients through the last iteration only: its analytic gradient
             with torch.autocast(device_type=u_hat.device.type, enabled=False):
-                v, *c = LastIterationRouting.apply(full_precision(u_hat), self.iterations,
-                                                   self.none_of_the_above)
-            c = [None, *c[:-3]]  # the squash's parts dropped
+                v, lengths, *c = LastIterationRouting.apply(
+                    full_precision(u_hat), self.iterations, self.none_of_the_above)
+            c = [None, *c[:-2]]  # the squash's parts dropped
         c[0] = uniform_couplings(u_hat, uniform_share(u_hat.shape[1], self.none_of_the_above),
                                  v.dtype)  # (B, J, I) a view of 1/J
-        return Routed(v, torch.linalg.vector_norm(v, dim=-1), tuple(c))  # (B,J,D), (B,J)
+        return Routed(v, lengths, tuple(c))  # (B, J, D), (B, J)
 
     def agreements(self, u_hat: torch.Tensor,
                    activations: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
