@@ -15,50 +15,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import weakref
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from capsnet.models.sizing import LiveBytes
 
 MIB = 2**20
-
-
-class LiveTensorBytes(TorchDispatchMode):
-    """Bytes of tensor storages on ``device_type`` created under this mode and still alive:
-    ``current`` and the ``peak`` since it was entered (or :meth:`reset`)."""
-
-    def __init__(self, device_type: str = "cpu"):
-        super().__init__()
-        self.device_type = device_type
-        self.current = self.peak = 0
-        self._live: dict[int, int] = {}
-
-    def reset(self) -> None:
-        self.peak = self.current
-
-    def _freed(self, key: int) -> None:
-        self.current -= self._live.pop(key, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
-                 if isinstance(t, torch.Tensor)}
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
-                continue
-            storage = t.untyped_storage()
-            key = storage.data_ptr()
-            if key in given or key in self._live or storage.nbytes() == 0:
-                continue  # an input written in place or viewed, or known already
-            self._live[key] = storage.nbytes()
-            self.current += storage.nbytes()
-            self.peak = max(self.peak, self.current)
-            weakref.finalize(storage, self._freed, key)
-        return out
-
-
 
 
 def measured_peak(config, batch_size: int, precision: str = "fp32",
@@ -80,7 +43,7 @@ def measured_peak(config, batch_size: int, precision: str = "fp32",
     y = torch.randint(0, config.num_classes, (batch_size,))
     before = sum(p.numel() * p.element_size() for p in model.parameters()) \
         + x.numel() * x.element_size()
-    live = LiveTensorBytes()
+    live = LiveBytes()  # the estimate's counter, on real tensors
     with live:
         for _ in range(steps):
             live.reset()  # the last step's peak, Adam's state already made

@@ -378,7 +378,7 @@ def test_a_fresh_run_initialises_from_its_training_images_and_the_ema_follows(ti
                              progress=False, precision="fp32")
     task = ClassifyTask(settings)
     task.prepare(torch.device("cpu"))
-    assert task.epoch_size == len(task.data.train_idx)  # per-step schedules count on it
+    assert task.epoch_size == len(task.train_idx)  # per-step schedules count on it
     training = build_training(settings, task.model_overrides(), torch.device("cpu"))
     images = task.initialisation_images()
     assert images.shape[1:] == (1, 28, 28) and 0.0 <= images.min() <= images.max() <= 1.0

@@ -1,7 +1,7 @@
 """benchmarks/gpu_campaign.py: jobs killed at their cap, the seeds resumed from --work, the
 smaller MNIST of a rehearsal, the imports the GPU image holds, and the rehearsal on a CPU:
 end to end with what comes back, then a second command that continues the same seeds and
-is stopped by SIGTERM part-way (one rehearsal of about a minute, not three)."""
+is stopped by SIGTERM part-way (one rehearsal of under a minute and a half, not three)."""
 from __future__ import annotations
 
 import gzip
@@ -117,7 +117,9 @@ def wait_for(condition, seconds: float) -> bool:
     return condition()
 
 
-REHEARSAL_MINUTES = "1.1"  # the test's rehearsal; the command's own default is 2.9
+# The test's rehearsal, with room for a loaded CPU (at 1.1 minutes under load the seeds were
+# stopped before their first checkpoint); the command's own default is 2.9.
+REHEARSAL_MINUTES = "1.4"
 
 
 @pytest.mark.slow

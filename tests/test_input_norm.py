@@ -158,4 +158,6 @@ def test_a_colour_folder_leaves_chance_with_the_defaults(tmp_path):
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["model_config"]["input_norm"] == "image"
     assert config["model_config"]["conv1_stride"] == 1  # 20x20: the paper's Conv1
-    assert results["best"]["accuracy"] >= 0.45  # 20 test images, chance 0.25
+    test_images = 20
+    right = round(results["best"]["accuracy"] * test_images)  # accuracy is a float32
+    assert right >= 9  # chance is 5 of 20; 9 or more by chance: about 4%

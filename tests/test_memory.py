@@ -119,6 +119,7 @@ def test_the_trace_on_fake_tensors_counts_what_real_tensors_take():
         model_loss(model(x, y), x, y).backward()
         optimizer.step()
         training, held = live.peak, live.current
+        live.reset()
         with torch.no_grad():
             model.eval()(torch.rand(EVAL_IMAGES, 1, 28, 28))
     # the trace makes Adam's moments inside it; the real step made them before the counter

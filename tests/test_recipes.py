@@ -13,7 +13,7 @@ from capsnet.cli.args import settings_from_args
 from capsnet.cli.main import build_parser, main
 from capsnet.export import export_weights
 from capsnet.training import TrainSettings, fit
-from capsnet.training.fit import prepare_data
+from capsnet.training.fit import ClassifyTask
 from capsnet.training.loop import evaluate
 from capsnet.training.metrics_log import read_metrics
 from capsnet.training.settings import FAST_RECIPE, PAPER_RECIPE
@@ -109,7 +109,8 @@ def test_fast_run_validates_saves_and_tests_the_ema(tiny_mnist_dir, tmp_path):
     ema, raw = last["state_dict"], last["raw_state_dict"]
     assert not torch.equal(ema["conv1.weight"], raw["conv1.weight"])
     # the validation accuracy logged is the EMA's (the checkpoint's model) ...
-    data = prepare_data(settings, torch.device("cpu"))
+    data = ClassifyTask(settings)
+    data.prepare(torch.device("cpu"))
     val = evaluate(model_from_checkpoint(tmp_path / "last.pt"), *data.validation())
     assert val.accuracy == pytest.approx(read_metrics(tmp_path)[-1]["val_accuracy"])
     # ... and beside it the trained weights' own, so one run ablates the average

@@ -78,14 +78,14 @@ class AffnistTask(Task):
     def prepare(self, device: torch.device) -> None:
         s = self.settings
         self.canvas = s.canvas or CANVAS
-        self.data, self.images, self.labels = protocol_data(s, device, "affNIST")
-        d = self.data
-        self.val_images = placed(d.train.images[d.val_idx], self.canvas, s.seed)
-        self.val_labels = d.train.labels[d.val_idx]
+        self.train, val, self.test = protocol_data(s, device, "affNIST")
+        self.images, self.labels = self.train.images, self.train.labels
+        self.val_images = placed(val.images, self.canvas, s.seed)
+        self.val_labels = val.labels
         self.epoch_size = len(self.labels)
 
     def model_overrides(self) -> dict:
-        return data_overrides(self.settings, self.data, image_size=self.canvas)
+        return data_overrides(self.settings, self.train, image_size=self.canvas)
 
     def describe(self, world: World) -> str:
         return (f"affNIST protocol: {self.settings.model} on {len(self.images)} MNIST digits at "
@@ -107,13 +107,13 @@ class AffnistTask(Task):
 
     def validate(self, model: nn.Module, world: World) -> dict:
         val = distributed.evaluate_sharded(model, self.val_images, self.val_labels, world,
-                                           len(self.data.train.classes),
+                                           len(self.train.classes),
                                            reconstruction_weight=self.settings.reconstruction_weight)
         return {"val_loss": val.loss, "val_accuracy": val.accuracy}
 
     def final_report(self, final: nn.Module, best: nn.Module | None, state: dict,
                      log: Log) -> dict:
-        test, limit = self.data.test, self.settings.test_limit  # limit None: every test digit
+        test, limit = self.test, self.settings.test_limit  # limit None: every test digit
         selected = NamedModel(self.settings.model, best if best is not None else final)
         row = compare([selected], test.images[:limit], test.labels[:limit])[0]
         log(f"test: {100 * row['mnist_accuracy']:.2f}% on placed MNIST, "

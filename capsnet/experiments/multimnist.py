@@ -243,15 +243,14 @@ class MultiMnistTask(Task):
         s = self.settings
         if s.model != "capsnet":
             raise ValueError("MultiMNIST training is for CapsNet (its two active capsules)")
-        self.data, self.images, self.labels = protocol_data(s, device, "MultiMNIST")
-        d = self.data
-        self.val = pair_set(d.train.images[d.val_idx], d.train.labels[d.val_idx],
-                            len(d.val_idx), s.seed, s.max_shift)
+        self.train, val, self.test = protocol_data(s, device, "MultiMNIST")
+        self.images, self.labels = self.train.images, self.train.labels
+        self.val = pair_set(val.images, val.labels, len(val), s.seed, s.max_shift)
         self.epoch_size = len(self.labels)
         self.side = canvas_size(self.images.shape[-1], s.max_shift)
 
     def model_overrides(self) -> dict:
-        return data_overrides(self.settings, self.data, image_size=self.side)
+        return data_overrides(self.settings, self.train, image_size=self.side)
 
     def describe(self, world: World) -> str:
         return (f"MultiMNIST: {len(self.images)} training digits paired afresh each epoch, "
@@ -275,8 +274,8 @@ class MultiMnistTask(Task):
 
     def final_report(self, final: nn.Module, best: nn.Module | None, state: dict,
                      log: Log) -> dict:
-        s, d = self.settings, self.data
-        test = pair_set(d.test.images, d.test.labels, s.test_pairs or TEST_PAIRS, TEST_SEED,
+        s = self.settings
+        test = pair_set(self.test.images, self.test.labels, s.test_pairs or TEST_PAIRS, TEST_SEED,
                         s.max_shift)
         result = evaluate_pairs(best if best is not None else final, test)
         log(f"MultiMNIST test: {100 * result['accuracy']:.2f}% of {len(test)} pairs with both "

@@ -53,6 +53,10 @@ class LiveBytes(TorchDispatchMode):
         self.current = self.peak = 0
         self._live: dict[int, int] = {}
 
+    def reset(self) -> None:
+        """Start the peak again from what is alive now."""
+        self.peak = self.current
+
     def _freed(self, key: int) -> None:
         self.current -= self._live.pop(key, 0)
 
@@ -101,6 +105,7 @@ def traced_peak_bytes(model: nn.Module, batch: int, eval_batch: int) -> tuple[in
             optimizer.step()
             del x, y
             training, held = live.peak, live.current
+            live.reset()
             model.eval()
             with torch.no_grad():
                 functional_call(model, state, (torch.zeros(eval_batch, *shape, device=device),))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,41 +43,17 @@ SCORES_FILE = "test_scores.npy"
 LABELS_FILE = "test_labels.npy"
 
 
-@dataclass
-class RunData:
-    """The dataset on the training device, with the index sets of the run's split."""
-
-    train: ImageDataset  # the full training set (N, H, W) or (N, C, H, W) uint8
-    test: ImageDataset
-    train_idx: torch.Tensor  # (M,) indices used for training
-    val_idx: torch.Tensor  # (V,) held-out validation indices, possibly empty
-    crop: int | None = None  # training crops; train.images are uncropped, test is cropped
-
-    @property
-    def model_size(self) -> int:
-        """The side of the model's input: the crop, else the (square) images' own."""
-        return self.crop or self.train.image_size[0]
-
-    def initialisation_images(self, count: int = INITIALISATION_IMAGES) -> torch.Tensor:
-        """The first ``count`` training images, float (B, C, H, W), unaugmented."""
-        images = self.train.images[self.train_idx[:count]]
-        images = images if self.crop is None else center_crop(images, self.crop)
-        return to_model_input(images)
-
-    def validation(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Held-out images (V, ...) as the model sees them (centre-cropped) and labels (V,)."""
-        images = self.train.images[self.val_idx]
-        return (images if self.crop is None else center_crop(images, self.crop),
-                self.train.labels[self.val_idx])
-
-
 Datasets = tuple[ImageDataset, ImageDataset]  # (train, test)
 
 
 def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print,
-                 own: Datasets | None = None) -> RunData:
+                 own: Datasets | None = None
+                 ) -> tuple[ImageDataset, ImageDataset, torch.Tensor, torch.Tensor]:
     """Load the dataset (or take your ``own``) at the requested size and channels, carve the
-    validation split, apply --subset, move to ``device``."""
+    validation split, apply --subset, move to ``device``: (train, test, train_idx (M,),
+    val_idx (V,)), the whole training set (uncropped) with the indices of the run's training
+    and held-out validation images in it, and the test set (centre-cropped to
+    :func:`crop_for`'s size, if any)."""
     s = settings
     if own is None and s.dataset == FOLDER:
         # the test split carved out of a folder without test/ is the folder's own (seed 0),
@@ -103,34 +78,40 @@ def prepare_data(settings: TrainSettings, device: torch.device, log: Log = print
     train_idx, val_idx = stratified_split(train.labels, val_size, s.seed)
     if s.subset is not None:
         train_idx = train_idx[: s.subset]
-    crop = s.crop or PRESET_CROPS.get(s.preset)
+    crop = crop_for(s)
     test = test.to(device)
     if crop is not None:
-        test = ImageDataset(center_crop(test.images, crop), test.labels, test.classes,
-                            test.name, test.info)
-    return RunData(train.to(device), test, train_idx.to(device), val_idx.to(device), crop)
+        test = test.replaced(center_crop(test.images, crop))
+    return train.to(device), test, train_idx.to(device), val_idx.to(device)
+
+
+def crop_for(settings: TrainSettings) -> int | None:
+    """The side of the random training crops (and the centre crop evaluated), or None."""
+    return settings.crop or PRESET_CROPS.get(settings.preset)
 
 
 def protocol_data(settings: TrainSettings, device: torch.device,
-                  protocol: str) -> tuple[RunData, torch.Tensor, torch.Tensor]:
-    """The data of a protocol that validates on held-out digits: (data, training images
-    (N, H, W), labels (N,)); ValueError without a validation split."""
+                  protocol: str) -> tuple[ImageDataset, ImageDataset, ImageDataset]:
+    """The data of a protocol that validates on held-out digits: (training, validation,
+    test) images; ValueError without a validation split."""
     if settings.val_size is not None and settings.val_size < 1:
         raise ValueError(f"{protocol} training needs held-out validation digits (val_size > 0)")
-    data = prepare_data(settings, device)
-    return data, data.train.images[data.train_idx], data.train.labels[data.train_idx]
+    train, test, train_idx, val_idx = prepare_data(settings, device)
+    return train.subset(train_idx), train.subset(val_idx), test
 
 
-def data_overrides(settings: TrainSettings, data: RunData, image_size: int | None = None) -> dict:
-    """What the data decides in the model's config: size, channels, classes, dataset name,
-    uncropped size and, for CapsNet, input norm and Conv1 stride."""
+def data_overrides(settings: TrainSettings, train: ImageDataset, image_size: int,
+                   crop: int | None = None) -> dict:
+    """What the data decides in the model's config: size (``crop`` if given, else
+    ``image_size``), channels, classes, dataset name, uncropped size and, for CapsNet, input
+    norm and Conv1 stride."""
     # The baseline CNN sees raw pixels unless --input-norm asks (auto is the CapsNet's rule).
     norm = "none" if settings.model == "cnn" and settings.input_norm == "auto" else None
     overrides = {"input_norm": norm or input_norm_for(settings.dataset, settings.input_norm),
-                 "image_size": image_size or data.model_size, "in_channels": data.train.channels,
-                 "num_classes": len(data.train.classes), "class_names": tuple(data.train.classes),
+                 "image_size": crop or image_size, "in_channels": train.channels,
+                 "num_classes": len(train.classes), "class_names": tuple(train.classes),
                  "dataset": settings.dataset,
-                 "uncropped_size": data.train.image_size[0] if data.crop else None}
+                 "uncropped_size": train.image_size[0] if crop else None}
     if settings.model == "capsnet":
         paper_strides = make_config("capsnet", settings.preset, **overrides)
         overrides["conv1_stride"] = conv1_stride_for(paper_strides, settings.dataset,
@@ -149,56 +130,68 @@ class ClassifyTask(Task):
         self.own = own  # your (train, test) data instead of settings.dataset
 
     def prepare(self, device: torch.device) -> None:
-        self.data = prepare_data(self.settings, device, own=self.own)
-        self.epoch_size = len(self.data.train_idx)
+        # the whole training set (train_idx and val_idx index it) and the test set
+        self.train, self.test, self.train_idx, self.val_idx = prepare_data(
+            self.settings, device, own=self.own)
+        self.crop = crop_for(self.settings)  # training crops; train is uncropped, test cropped
+        self.epoch_size = len(self.train_idx)
 
-    def initialisation_images(self) -> torch.Tensor:
-        return self.data.initialisation_images()
+    def initialisation_images(self, count: int = INITIALISATION_IMAGES) -> torch.Tensor:
+        """The first ``count`` training images, float (B, C, H, W), unaugmented."""
+        return to_model_input(self.cropped(self.train.images[self.train_idx[:count]]))
+
+    def validation(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Held-out images (V, ...) as the model sees them (centre-cropped) and labels (V,)."""
+        return self.cropped(self.train.images[self.val_idx]), self.train.labels[self.val_idx]
+
+    def cropped(self, images: torch.Tensor) -> torch.Tensor:
+        return images if self.crop is None else center_crop(images, self.crop)
 
     def model_overrides(self) -> dict:
-        return data_overrides(self.settings, self.data)
+        return data_overrides(self.settings, self.train, self.train.image_size[0], self.crop)
 
     def describe(self, world: World) -> str:
-        d, s = self.data, self.settings
-        line = (f"{s.model} on {s.dataset}: {len(d.train_idx)} training, "
-                f"{len(d.val_idx)} validation, {len(d.test.labels)} test images; device "
+        s, training = self.settings, len(self.train_idx)
+        line = (f"{s.model} on {s.dataset}: {training} training, "
+                f"{len(self.val_idx)} validation, {len(self.test)} test images; device "
                 f"{world.device}" + (f" x {world.size} processes" if world.distributed else ""))
-        enough = batch_size_for(len(d.train_idx), s.batch_size)
+        enough = batch_size_for(training, s.batch_size)
         if enough < s.batch_size:  # a small folder: too few optimiser steps to learn
-            line += (f"\nwarning: {-(-len(d.train_idx) // s.batch_size)} optimiser steps an "
+            line += (f"\nwarning: {-(-training // s.batch_size)} optimiser steps an "
                      f"epoch at batch {s.batch_size}; --batch-size {enough} gives "
-                     f"{-(-len(d.train_idx) // enough)}")
+                     f"{-(-training // enough)}")
         return line
 
     def epoch_batches(self, model: nn.Module, epoch: int, world: World
                       ) -> tuple[torch.Tensor, MakeBatch]:
         s, device = self.settings, world.device
-        order = self.data.train_idx[epoch_order(len(self.data.train_idx), s.seed, epoch, device)]
+        order = self.train_idx[epoch_order(len(self.train_idx), s.seed, epoch, device)]
         order = distributed.shard_order(order, world.rank, world.size)  # this rank's share
         generator = torch.Generator(device=device).manual_seed(
             epoch_seed(s.seed, epoch) + 1 + world.rank)
         return order, classification_batch(
-            model, self.data.train.images, self.data.train.labels, generator,
-            augment=s.augment, max_shift=s.max_shift, crop=self.data.crop,
+            model, self.train.images, self.train.labels, generator,
+            augment=s.augment, max_shift=s.max_shift, crop=self.crop,
             adversarial=s.adversarial, adversarial_eps=s.adversarial_eps or 0.0,
             adversarial_steps=s.adversarial_steps)
 
     def validate(self, model: nn.Module, world: World) -> dict:
-        d, row = self.data, {}
-        kwargs = dict(world=world, num_classes=len(d.train.classes),
+        row = {}
+        kwargs = dict(world=world, num_classes=len(self.train.classes),
                       reconstruction_weight=self.settings.reconstruction_weight)
-        if len(d.val_idx):
-            val = distributed.evaluate_sharded(model, *d.validation(), **kwargs)
+        if len(self.val_idx):
+            val = distributed.evaluate_sharded(model, *self.validation(), **kwargs)
             row.update(val_loss=val.loss, val_accuracy=val.accuracy)
         if self.settings.monitor_test:
-            test = distributed.evaluate_sharded(model, d.test.images, d.test.labels, **kwargs)
+            test = distributed.evaluate_sharded(model, self.test.images, self.test.labels,
+                                                **kwargs)
             row.update(test_accuracy_monitoring=test.accuracy)
         return row
 
     def final_report(self, final: nn.Module, best: nn.Module | None, state: dict,
                      log: Log) -> dict:
         kwargs = dict(reconstruction_weight=self.settings.reconstruction_weight)
-        test = self.data.test
+        test = self.test
         final_result = evaluate(final, test.images, test.labels, **kwargs)
         # the final epoch was the selected one: the same weights, no second evaluation
         selected = final_result if best is None else evaluate(best, test.images, test.labels,
@@ -206,7 +199,7 @@ class ClassifyTask(Task):
         # the selected model's test scores (N, J), for ensembles without weights
         save_test_scores(self.settings.out_dir, selected.scores, test.labels)
         results = {"final": final_result.as_dict()}
-        if not len(self.data.val_idx):
+        if not len(self.val_idx):
             log(f"test accuracy {final_result.accuracy:.4f} (error "
                 f"{100 * final_result.error:.2f}%) after the final epoch {state['epoch']} "
                 f"(no validation split)")
