@@ -80,27 +80,27 @@ class LastIterationRouting(torch.autograd.Function):
 
     @staticmethod
     def forward(u_hat: torch.Tensor, iterations: int, none_of_the_above: bool) -> tuple:
-        v, c_all, _, (u, k, f) = procedure_1(u_hat, iterations, none_of_the_above)
-        return v, f.view(f.shape[:-1]), *c_all[1:], u, k  # u, k last: apply's callers drop them
+        v, c_all, _, parts = procedure_1(u_hat, iterations, none_of_the_above)
+        lengths = torch.linalg.vector_norm(v, dim=-1)  # (B, J), as the full-graph path's
+        return v, lengths, *c_all[1:], *parts  # parts last: apply's callers drop them
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         u_hat, iterations, none_of_the_above = inputs
         ctx.mark_non_differentiable(*output[2:])
         ctx.set_materialize_grads(False)
-        c_last = output[-3] if iterations > 1 else None  # (B, J, I)
-        ctx.save_for_backward(u_hat, c_last, *output[-2:], output[1])
+        c_last = output[-4] if iterations > 1 else None  # (B, J, I)
+        ctx.save_for_backward(u_hat, c_last, *output[-3:])
         ctx.uniform = uniform_share(u_hat.shape[1], none_of_the_above)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor | None, g_lengths: torch.Tensor | None, *_) -> tuple:
         if g is None and g_lengths is None:
             return None, None, None
-        u_hat, c, u, k, lengths = ctx.saved_tensors
-        f = lengths.unsqueeze(-1)  # (B, J, 1)
+        u_hat, c, u, k, f = ctx.saved_tensors
         if torch.is_grad_enabled():  # a graph of the gradient: the last s with its graph
             _, u, k, f = squash_parts(weighted_sum(c, u_hat, ctx.uniform))
-        if g_lengths is not None:  # |v| = f along u: its gradient joins v's
+        if g_lengths is not None:  # the gradient of |v| is u's: it joins v's
             g_lengths = g_lengths.unsqueeze(-1)  # (B, J, 1)
             g = u * g_lengths if g is None else torch.addcmul(g, u, g_lengths)  # (B, J, D)
         g_s = squash_grad(g, u, k, f)  # (B, J, D)
@@ -170,7 +170,7 @@ class DynamicRouter(Router):
             with torch.autocast(device_type=u_hat.device.type, enabled=False):
                 v, lengths, *c = LastIterationRouting.apply(
                     full_precision(u_hat), self.iterations, self.none_of_the_above)
-            c = [None, *c[:-2]]  # the squash's parts dropped
+            c = [None, *c[:-3]]  # the squash's parts dropped
         c[0] = uniform_couplings(u_hat, uniform_share(u_hat.shape[1], self.none_of_the_above),
                                  v.dtype)  # (B, J, I) a view of 1/J
         return Routed(v, lengths, tuple(c))  # (B, J, D), (B, J)
