@@ -13,36 +13,37 @@ def full_precision(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-def squash_parts(s: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, ...]:
-    """The direction u = s / |s| (0 for s = 0), k = |s| / (1 + |s|^2) and f = |s|^2 /
-    (1 + |s|^2) of ``s`` along ``dim`` (k and f with ``dim`` kept as 1), so that squash(s) =
-    u f and its Jacobian is k (I + (1 - 2 f) u u^T). The vector is scaled by its largest
-    entry first, so that the norm does not overflow; k = 1 / (|s| + 1 / |s|) takes its exact
-    limits at |s| = 0 and |s| = inf (0 both), and f its (0 and 1)."""
+def squash_terms(s: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, ...]:
+    """t = s / a, with a the largest |entry| of s along ``dim``, |t| and a (``dim`` kept as
+    1), and m = a |s| / (1 + |s|^2), so that squash(s) = t m: ten kernels in all. No norm
+    overflows (|t| is in [1, sqrt(D)], or 0 for s = 0); m = 1 / (|t| + 1 / (a |s|)) takes
+    its limits exactly: 0 at s = 0 (a |s| = 0) and 1 / |t| (unit length) where a |s|
+    overflows."""
     scale = torch.linalg.vector_norm(s, float("inf"), dim=dim, keepdim=True)
     scale = scale.clamp_min(torch.finfo(s.dtype).tiny)
     t = s / scale  # entries in [-1, 1], the largest +-1 unless s == 0
     t_norm = torch.linalg.vector_norm(t, dim=dim, keepdim=True)  # in [1, sqrt(D)] or 0
-    u = t / t_norm.clamp_min(1)  # exact for s != 0 (t_norm >= 1), and 0 / 1 for s == 0
-    n = scale * t_norm  # |s|, inf when it overflows
-    inv_n = n.reciprocal()  # inf at s == 0
-    k = (n + inv_n).reciprocal()
-    # f = k |s| for short vectors (no cancellation), 1 - k / |s| for long ones (no inf * 0,
-    # and below 1 wherever float32 can tell 1 - 1 / (1 + |s|^2) from 1)
-    f = torch.where(n < 1, k * n, 1 - k * inv_n)
-    return u, k, f
+    m = (t_norm + (scale * t_norm * scale).reciprocal()).reciprocal()  # a |s| = a^2 |t|
+    return t, t_norm, scale, m
+
+
+def squash_parts(s: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, ...]:
+    """squash(s) = u f, the direction u = s / |s| (0 for s = 0), k = |s| / (1 + |s|^2) and
+    f = |s|^2 / (1 + |s|^2) = |squash(s)| of ``s`` along ``dim`` (k and f with ``dim`` kept
+    as 1), so that the Jacobian of squash is k (I + (1 - 2 f) u u^T)."""
+    t, t_norm, scale, m = squash_terms(s, dim)
+    return t * m, t / t_norm.clamp_min(1), m / scale, t_norm * m
 
 
 class Squash(torch.autograd.Function):
     """squash with its analytic gradient, grad_s = k (g + (1 - 2 f) u (u . g)) for the
-    output's gradient g: seven kernels instead of autograd's forty. Its backward is itself
+    output's gradient g: six kernels instead of autograd's forty. Its backward is itself
     differentiable (a gradient penalty, ``torch.func``): with ``create_graph`` the parts are
     recomputed from s under autograd, else the forward's are reused."""
 
     @staticmethod
     def forward(s: torch.Tensor, dim: int) -> tuple[torch.Tensor, ...]:
-        u, k, f = squash_parts(s, dim)
-        return u * f, u, k, f  # v, and the parts the backward reuses
+        return squash_parts(s, dim)  # v, and the parts the backward reuses
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -59,7 +60,7 @@ class Squash(torch.autograd.Function):
             return None, None
         s, u, k, f = ctx.saved_tensors
         if torch.is_grad_enabled():  # a graph of the gradient itself: parts with their graph
-            u, k, f = squash_parts(s, ctx.dim)
+            _, u, k, f = squash_parts(s, ctx.dim)
         return squash_grad(g, u, k, f, ctx.dim), None
 
 
@@ -67,22 +68,25 @@ def squash_grad(g: torch.Tensor, u: torch.Tensor, k: torch.Tensor, f: torch.Tens
                 dim: int = -1) -> torch.Tensor:
     """The gradient of s for the gradient g of squash(s), from s's parts (squash_parts)."""
     along = (u * g).sum(dim=dim, keepdim=True)  # u . g
-    return torch.addcmul(g, u, along * (1 - 2 * f)) * k
+    return torch.addcmul(g, u, along * torch.rsub(f, 1, alpha=2)) * k  # 1 - 2 f
 
 
 def squash_with_parts(s: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, ...]:
     """squash(s) and the parts (u, k, f) of s that its gradient reuses (squash_grad)."""
     if s.requires_grad and torch.is_grad_enabled() and not torch.jit.is_tracing():
         return Squash.apply(s, dim)
-    u, k, f = squash_parts(s, dim)
-    return u * f, u, k, f
+    return squash_parts(s, dim)
 
 
 def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """v = |s|^2 / (1 + |s|^2) * s / |s| along ``dim``, same shape, lengths in [0, 1); safe
     at s = 0 (v = 0, gradient 0) and for huge vectors (unit length, finite gradient). Under
-    autograd :class:`Squash` (the analytic gradient); without (inference, export) plain ops."""
-    return squash_with_parts(s, dim)[0]
+    autograd :class:`Squash` (the analytic gradient); without (inference, export) ten plain
+    kernels (:func:`squash_terms`)."""
+    if s.requires_grad and torch.is_grad_enabled() and not torch.jit.is_tracing():
+        return Squash.apply(s, dim)[0]
+    t, _, _, m = squash_terms(s, dim)
+    return t * m
 
 
 # Short vectors use the factor's Taylor series (1 - e^-n) / n = 1 - n/2 + n^2/6 - n^3/24 +

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from capsnet.layers.decoder import Decoder, Perceptron
 from capsnet.layers.routed_caps import Predictions
 from capsnet.losses import MarginLoss, SquaredErrorSum, margin_loss, reconstruction_loss
 from capsnet.routing.dynamic import DynamicRouter, LastIterationRouting
@@ -24,12 +25,16 @@ def votes(dtype=torch.float64) -> torch.Tensor:
 def test_last_iteration_routing_equals_autograd_through_the_loop(iterations, none_of_the_above):
     router = DynamicRouter(iterations, none_of_the_above=none_of_the_above)
     u_hat = votes(torch.float32)
-    weights = torch.randn(B, J, D)
+    weights, length_weights = torch.randn(B, J, D), torch.randn(B, J)
     fused = router(u_hat)
-    (g_fused,) = torch.autograd.grad((fused.poses * weights).sum(), u_hat)
+    (g_fused,) = torch.autograd.grad((fused.poses * weights).sum()
+                                     + (fused.activations * length_weights).sum(), u_hat)
     v, c_all, _ = router.route(u_hat)  # autograd through Procedure 1, the reference
-    (g_loop,) = torch.autograd.grad((v * weights).sum(), u_hat)
+    lengths = torch.linalg.vector_norm(v, dim=-1)  # (B, J)
+    (g_loop,) = torch.autograd.grad((v * weights).sum() + (lengths * length_weights).sum(),
+                                    u_hat)
     assert torch.equal(fused.poses, v)  # the same forward, bit for bit
+    assert torch.equal(fused.activations, lengths)
     for got, expected in zip(fused.couplings[1:], c_all[1:], strict=True):
         assert torch.equal(got, expected)
     torch.testing.assert_close(g_fused, g_loop, rtol=1e-5, atol=1e-7)
@@ -38,7 +43,7 @@ def test_last_iteration_routing_equals_autograd_through_the_loop(iterations, non
 def test_one_iteration_routing_passes_gradcheck_and_gradgradcheck():
     """With one iteration nothing is detached: the gradient is the function's own."""
     def poses(u_hat):
-        return LastIterationRouting.apply(u_hat, 1, False)[0]
+        return LastIterationRouting.apply(u_hat, 1, False)[:2]  # v and |v|
     u_hat = votes()
     assert torch.autograd.gradcheck(poses, (u_hat,))
     assert torch.autograd.gradgradcheck(poses, (u_hat,))
@@ -107,3 +112,25 @@ def test_reconstruction_loss_gradient_and_gradcheck():
         return SquaredErrorSum.apply(x, images)[0]
     assert torch.autograd.gradcheck(loss, (recon,))
     assert torch.autograd.gradgradcheck(loss, (recon,))
+
+
+def test_decoder_equals_autograd_of_its_linear_layers_and_passes_gradgradcheck():
+    torch.manual_seed(4)
+    decoder = Decoder(num_caps=J, caps_dim=D, hidden=(7, 9), image_shape=(1, 3, 4)).double()
+    poses = torch.randn(B, J, D, dtype=torch.float64, requires_grad=True)  # (B, J, D)
+    keep = torch.tensor([1, 0, 3])
+    inputs = (poses, *decoder.parameters())
+    got = decoder(poses, keep)  # (B, 1, 3, 4)
+    g = torch.randn_like(got)
+    x = poses * F.one_hot(keep, J).unsqueeze(-1)  # (B, J, D) the others zeroed
+    expected = decoder.net(x.flatten(1)).view(got.shape)  # autograd through nn.Linear
+    assert torch.equal(got, expected)
+    for a, b in zip(torch.autograd.grad(got, inputs, g), torch.autograd.grad(expected, inputs, g),
+                    strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+    def pixels(x, *params):
+        return Perceptron.apply(x, *params)[0]
+    flat = x.detach().flatten(1).requires_grad_(True)  # (B, J*D)
+    assert torch.autograd.gradcheck(pixels, (flat, *decoder.parameters()))
+    assert torch.autograd.gradgradcheck(pixels, (flat, *decoder.parameters()))

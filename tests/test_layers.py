@@ -96,16 +96,21 @@ def test_squash_gradient_matches_finite_differences_at_all_lengths(scale):
 
 
 def test_fused_squash_equals_autograd_of_its_formula():
-    # The analytic backward against autograd through the plain ops of the same values.
+    # The analytic backward against autograd through the plain ops of the same values, and
+    # the parts against the textbook formula, s |s| / (1 + |s|^2).
     s = (torch.randn(64, 10, 16, dtype=torch.float64)
          * torch.logspace(-4, 4, 64, dtype=torch.float64)[:, None, None]).requires_grad_(True)
     g = torch.randn_like(s)
     fused, = torch.autograd.grad(squash(s), s, g)
-    u, _, f = squash_parts(s)
-    plain, = torch.autograd.grad(u * f, s, g)
+    v, u, k, f = squash_parts(s)
+    plain, = torch.autograd.grad(v, s, g)
     torch.testing.assert_close(fused, plain, rtol=1e-10, atol=1e-14)
+    n = s.detach().norm(dim=-1, keepdim=True)  # (64, 10, 1)
+    for got, expected in ((v, s * n / (1 + n**2)), (u, s / n), (k, n / (1 + n**2)),
+                          (f, n**2 / (1 + n**2)), (u * f, v)):
+        torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-12, atol=0)
     with torch.no_grad():  # the inference path: the same values
-        torch.testing.assert_close(squash(s), (u * f).detach(), rtol=0, atol=0)
+        torch.testing.assert_close(squash(s), v.detach(), rtol=0, atol=0)
 
 
 # --- PrimaryCaps --------------------------------------------------------------------------

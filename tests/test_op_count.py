@@ -15,13 +15,15 @@ from capsnet.squashing import squash
 # Measured by this counter: 406 operators, 265 of them kernels, with autograd's squash (25
 # forward and 42 backward operators a call; benchmarks/squash_speed.py keeps it); 306 and
 # 179 with the fused one; 241 and 157 with the routing's last iteration, the predictions
-# W u and the margin and reconstruction losses as Functions with their analytic gradients
-# and the decoder's mask without one-hot. Of the 241, the four squashes' forwards are 64
-# (kept op for op: the paper model's forward stays bit for bit) and the decoder's three
-# nn.Linear layers 52 (14 forward, 38 backward).
-STEP_OP_BUDGET = 245
-STEP_KERNEL_BUDGET = 160
-SQUASH_OP_BUDGET = 24  # one fused call: 16 forward, 7 backward, the leaf's detach
+# W u and the margin and reconstruction losses as Functions with their analytic gradients;
+# 200 and 135 with squash as t m (10 forward operators, 14 with the gradient's parts, 6
+# backward), the decoder as a Function (its layers 52 -> 36 operators, no transposes or
+# views in its backward) and the lengths |v| from the routing's Function (their gradient
+# one addcmul into v's).
+STEP_OP_BUDGET = 203
+STEP_KERNEL_BUDGET = 138
+SQUASH_OP_BUDGET = 21  # one fused call: 14 forward, 6 backward, the leaf's detach
+SQUASH_INFERENCE_OP_BUDGET = 10  # without autograd: v = t m and nothing else
 ALIASES = ("aten.detach.default", "aten._unsafe_view.default")  # views in all but name
 
 
@@ -65,3 +67,10 @@ def test_squash_forward_and_backward_within_budget():
     with OpCounter() as counter:
         squash(s).backward(g)
     assert len(counter.ops) <= SQUASH_OP_BUDGET, [str(op) for op in counter.ops]
+
+
+def test_squash_without_autograd_computes_only_its_output():
+    s = torch.randn(4, 10, 16)  # (B, J, D)
+    with OpCounter() as counter:
+        squash(s)
+    assert len(counter.ops) <= SQUASH_INFERENCE_OP_BUDGET, [str(op) for op in counter.ops]

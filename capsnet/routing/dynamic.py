@@ -5,7 +5,13 @@ import torch
 from torch import nn
 
 from capsnet.routing.base import Routed, Router, fully_connected_only, uniform_couplings
-from capsnet.squashing import full_precision, squash_grad, squash_parts, squash_with_parts
+from capsnet.squashing import (
+    full_precision,
+    squash,
+    squash_grad,
+    squash_parts,
+    squash_with_parts,
+)
 
 
 def couplings(b: torch.Tensor, none_of_the_above: bool = False) -> torch.Tensor:
@@ -51,7 +57,10 @@ def procedure_1(u_hat: torch.Tensor, iterations: int, none_of_the_above: bool = 
         s = weighted_sum(c, u, uniform)  # (B, J, D)
         if bias is not None:
             s = s + bias  # (B, J, D)
-        v, *parts = squash_with_parts(s)  # (B, J, D)
+        if last:  # the parts the gradient reuses
+            v, *parts = squash_with_parts(s)  # (B, J, D)
+        else:
+            v = squash(s)  # (B, J, D)
         c_all.append(c)
         if not last or last_agreement:
             agreement = torch.bmm(u.reshape(B * J, I, D), v.view(B * J, D, 1)).view(B, J, I)
@@ -61,36 +70,40 @@ def procedure_1(u_hat: torch.Tensor, iterations: int, none_of_the_above: bool = 
 
 
 class LastIterationRouting(torch.autograd.Function):
-    """Procedure 1 on u_hat (B, J, I, D) -> v (B, J, D) and the couplings of iterations 2 on
-    (B, J, I), with the gradient of the last iteration only (``full_graph`` off: the
-    couplings are constants to it): grad u_hat_j|i = c_ij squash'(s_j) grad v_j. The forward
-    is :func:`procedure_1`'s; the backward a handful of kernels instead of autograd's
-    graph through the loop. Its backward is itself differentiable (the last s is rebuilt
-    from u_hat under autograd when a graph of the gradient is asked for)."""
+    """Procedure 1 on u_hat (B, J, I, D) -> v (B, J, D), its lengths |v| (B, J) and the
+    couplings of iterations 2 on (B, J, I), with the gradient of the last iteration only
+    (``full_graph`` off: the couplings are constants to it): grad u_hat_j|i = c_ij
+    squash'(s_j) (grad v_j + grad |v_j| u_j). The forward is :func:`procedure_1`'s; the
+    backward a handful of kernels instead of autograd's graph through the loop. Its backward
+    is itself differentiable (the last s is rebuilt from u_hat under autograd when a graph of
+    the gradient is asked for)."""
 
     @staticmethod
     def forward(u_hat: torch.Tensor, iterations: int, none_of_the_above: bool) -> tuple:
         v, c_all, _, parts = procedure_1(u_hat, iterations, none_of_the_above)
-        return v, *c_all[1:], *parts  # parts last: apply's callers drop them
+        lengths = torch.linalg.vector_norm(v, dim=-1)  # (B, J), as the full-graph path's
+        return v, lengths, *c_all[1:], *parts  # parts last: apply's callers drop them
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         u_hat, iterations, none_of_the_above = inputs
-        v, *rest = output
-        ctx.mark_non_differentiable(*rest)
+        ctx.mark_non_differentiable(*output[2:])
         ctx.set_materialize_grads(False)
-        c_last = rest[-4] if iterations > 1 else None  # (B, J, I)
-        ctx.save_for_backward(u_hat, c_last, *rest[-3:])
+        c_last = output[-4] if iterations > 1 else None  # (B, J, I)
+        ctx.save_for_backward(u_hat, c_last, *output[-3:])
         ctx.uniform = uniform_share(u_hat.shape[1], none_of_the_above)
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor | None, *_) -> tuple:
-        if g is None:
+    def backward(ctx, g: torch.Tensor | None, g_lengths: torch.Tensor | None, *_) -> tuple:
+        if g is None and g_lengths is None:
             return None, None, None
-        u_hat, c, *parts = ctx.saved_tensors
+        u_hat, c, u, k, f = ctx.saved_tensors
         if torch.is_grad_enabled():  # a graph of the gradient: the last s with its graph
-            parts = squash_parts(weighted_sum(c, u_hat, ctx.uniform))
-        g_s = squash_grad(g, *parts)  # (B, J, D)
+            _, u, k, f = squash_parts(weighted_sum(c, u_hat, ctx.uniform))
+        if g_lengths is not None:  # the gradient of |v| is u's: it joins v's
+            g_lengths = g_lengths.unsqueeze(-1)  # (B, J, 1)
+            g = u * g_lengths if g is None else torch.addcmul(g, u, g_lengths)  # (B, J, D)
+        g_s = squash_grad(g, u, k, f)  # (B, J, D)
         if c is None:
             return (g_s * ctx.uniform).unsqueeze(2).expand(u_hat.shape), None, None
         if torch.is_grad_enabled():
@@ -152,14 +165,15 @@ class DynamicRouter(Router):
         fully_connected_only(self, children)
         if self.full_graph or self.bias is not None:
             v, c, _ = self.route(u_hat)  # (B, J, D) float32, c[0] None
+            lengths = torch.linalg.vector_norm(v, dim=-1)  # (B, J)
         else:  # gradients through the last iteration only: its analytic gradient
             with torch.autocast(device_type=u_hat.device.type, enabled=False):
-                v, *c = LastIterationRouting.apply(full_precision(u_hat), self.iterations,
-                                                   self.none_of_the_above)
+                v, lengths, *c = LastIterationRouting.apply(
+                    full_precision(u_hat), self.iterations, self.none_of_the_above)
             c = [None, *c[:-3]]  # the squash's parts dropped
         c[0] = uniform_couplings(u_hat, uniform_share(u_hat.shape[1], self.none_of_the_above),
                                  v.dtype)  # (B, J, I) a view of 1/J
-        return Routed(v, torch.linalg.vector_norm(v, dim=-1), tuple(c))  # (B,J,D), (B,J)
+        return Routed(v, lengths, tuple(c))  # (B, J, D), (B, J)
 
     def agreements(self, u_hat: torch.Tensor,
                    activations: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
