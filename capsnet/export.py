@@ -54,7 +54,8 @@ class InferenceModel(nn.Module):
 def describe(model: nn.Module) -> dict:
     """What is stored with an exported file: model, config, input, outputs, class names."""
     cfg = model.config
-    scores = entry_of(cfg).scores
+    # a CNN's capsule head (--cnn-head capsules) scores with lengths, as the capsule models do
+    scores = "lengths" if getattr(cfg, "head", None) == "capsules" else entry_of(cfg).scores
     return {"format": "capsnet-export", "model": entry_of(cfg).name,
             "config": config_to_dict(cfg), "input": INPUT_NAME,
             "input_shape": [BATCH_AXIS, cfg.in_channels, cfg.image_size, cfg.image_size],

@@ -12,6 +12,7 @@ import torch
 
 from capsnet.cli.main import main
 from capsnet.config import ConfigError
+from capsnet.export import describe
 from capsnet.layers.primary_caps import standardise_images
 from capsnet.losses import margin_loss, model_loss
 from capsnet.models import build_model, make_config
@@ -124,3 +125,8 @@ def test_capsnet_train_records_both_options_and_the_capsule_cnn_learns(tiny_mnis
     assert (saved["head"], saved["input_norm"]) == ("capsules", "image")
     accuracy = json.loads((run / "results.json").read_text())["final"]["accuracy"]
     assert accuracy > 0.3  # chance is 0.1 on the fake digits
+
+
+def test_an_exported_capsule_head_names_its_scores_lengths():
+    assert describe(tiny_cnn(head="capsules"))["outputs"] == ["lengths"]
+    assert describe(tiny_cnn())["outputs"] == ["probabilities"]
