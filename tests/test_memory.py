@@ -13,7 +13,7 @@ from capsnet.checkpoint import load_checkpoint
 from capsnet.cli.main import main
 from capsnet.losses import model_loss
 from capsnet.models import build_model, make_config
-from capsnet.models.sizing import LiveBytes, traced_peak_bytes
+from capsnet.models.sizing import LiveBytes, peak_estimate, traced_peak_bytes, untraced
 from capsnet.tuning import (
     GIB,
     largest_batch,
@@ -100,7 +100,9 @@ def test_train_logs_the_measure_with_the_plan(tiny_mnist_dir, tmp_path, capsys):
     assert (resident_bytes() is None) or results["memory_peak_bytes"] > 0
     estimate = out.index("memory: about")  # printed before the first epoch
     assert estimate < out.index("epoch 1 |") and "traced on fake tensors" in out
-    assert (resident_bytes() is None) or results["memory_estimate_bytes"] > 0
+    assert "the rest allows for the heap's fragments" in out  # a CPU's: what the trace cannot see
+    if resident_bytes() is not None:
+        assert 0 < results["memory_tensors_bytes"] <= results["memory_estimate_bytes"]
 
 
 def test_the_trace_on_fake_tensors_counts_what_real_tensors_take():
@@ -127,3 +129,17 @@ def test_the_trace_on_fake_tensors_counts_what_real_tensors_take():
     measured = (training + moments, live.peak - held)
     for counted, real in zip(traced, measured, strict=True):
         assert abs(counted - real) <= TRACE_TOLERANCE * real, (traced, measured)
+
+
+def test_a_cpu_estimate_adds_the_phases_and_names_the_part_its_tensors_take():
+    """On a CPU the phases add (the heap's fragments, untraced, take the rest) and the line
+    says so; on a GPU the allocated bytes peak at the larger phase and the line adds nothing."""
+    torch.manual_seed(0)
+    model = build_model(make_config("capsnet", "small"))
+    now = GIB
+    training, evaluation = traced_peak_bytes(model, STEP_BATCH, EVAL_IMAGES)
+    estimate, tensors = peak_estimate(model, STEP_BATCH, EVAL_IMAGES, (now, now))
+    assert (estimate, tensors) == (now + training + evaluation, now + max(training, evaluation))
+    line = untraced(torch.device("cpu"), tensors)
+    assert f"its tensors take {tensors / GIB:.2f} GiB at once" in line and "fragments" in line
+    assert untraced(torch.device("cuda"), tensors) == ""

@@ -114,17 +114,33 @@ def traced_peak_bytes(model: nn.Module, batch: int, eval_batch: int) -> tuple[in
 
 
 def peak_estimate(model: nn.Module, batch: int, eval_batch: int,
-                  resident: tuple[int, int]) -> int:
-    """A run's peak memory per process from what is ``resident`` (now, peak so far: the
-    libraries, the data, the weights) and :func:`traced_peak_bytes`. On a GPU the caching
-    allocator's allocated bytes peak at the larger phase; a CPU process keeps what training
-    took when evaluation takes more (its allocator and oneDNN's caches hold freed memory),
-    so there the phases add."""
+                  resident: tuple[int, int]) -> tuple[int, int]:
+    """(peak, tensors): a run's peak memory per process, estimated from what is ``resident``
+    (now, peak so far: the libraries, the data, the weights) and :func:`traced_peak_bytes`,
+    and the part of it the tensors alive at once take. On a GPU the measure is
+    the caching allocator's allocated bytes: the larger phase, which the trace counts. On a
+    CPU it is the resident set, and glibc's heap (kept, never handed back:
+    capsnet.devices.keep_freed_memory) also holds the fragments between live tensors, which
+    no trace of shapes sees and which depend on the order of every allocation (the OpenMP
+    threads' timing included). There the estimate takes the phases as adding, as if
+    evaluation reused nothing training freed: within 12% of the measured peak for CapsNet,
+    Efficient-CapsNet and the capsule head; EM's blocks of 0.6-0.9 GiB fragment the heap
+    further (docs/performance.md, Memory)."""
     now, peak = resident
     training, evaluation = traced_peak_bytes(model, batch, eval_batch)
-    device = next(model.parameters()).device
-    phases = max(training, evaluation) if device.type == "cuda" else training + evaluation
-    return max(peak, now + phases)
+    tensors = max(peak, now + max(training, evaluation))
+    if next(model.parameters()).device.type == "cuda":
+        return tensors, tensors
+    return max(peak, now + training + evaluation), tensors
+
+
+def untraced(device: torch.device, tensors: int) -> str:
+    """What the trace cannot see, for the estimate's log line: on a CPU the heap's fragments
+    beside the ``tensors``; nothing on a GPU."""
+    if device.type != "cpu":
+        return ""
+    return (f"; its tensors take {tensors / GIB:.2f} GiB at once, the rest allows for the "
+            f"heap's fragments, which vary from run to run and can be larger")
 
 
 def data_shape(config) -> str:

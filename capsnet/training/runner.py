@@ -29,7 +29,7 @@ from capsnet.config import config_to_dict
 from capsnet.devices import machine_description, tune_backends
 from capsnet.models import unwrap
 from capsnet.models.base import grad_scaler_for
-from capsnet.models.sizing import peak_estimate
+from capsnet.models.sizing import peak_estimate, untraced
 from capsnet.training import distributed
 from capsnet.training.distributed import World, rng_state, set_rng_state
 from capsnet.training.loop import (
@@ -244,7 +244,8 @@ def start_run(task: Task, batch: int, resume: str | None, argv, log: Log, world:
         grad_scaler.load_state_dict(saved["grad_scaler"])
     log(f"speed: {plan.describe()}")
     if world.is_main:
-        state["memory_estimate"] = estimated_memory(training, batch, world.device, log)
+        state["memory_estimate"], state["memory_tensors"] = estimated_memory(
+            training, batch, world.device, log)
     if world.is_main:
         describe_run(run_dir, settings, training.model, plan, argv)
     log(task.describe(world))
@@ -252,22 +253,24 @@ def start_run(task: Task, batch: int, resume: str | None, argv, log: Log, world:
 
 
 def estimated_memory(training: Training, batch: int, device: torch.device,
-                     log: Log) -> int | None:
-    """The run's peak memory per process as :func:`capsnet.models.sizing.peak_estimate`
-    traces it (the process's resident memory on a CPU, the GPU's allocated on CUDA), logged
-    in one line; None where the device does not say or the trace fails."""
+                     log: Log) -> tuple[int | None, int | None]:
+    """The run's peak memory per process and its tensors' part, as
+    :func:`capsnet.models.sizing.peak_estimate` traces them (the process's resident memory
+    on a CPU, the GPU's allocated on CUDA), logged in one line; None where the device does
+    not say or the trace fails."""
     resident = memory_now(device)
     if resident is None:
-        return None
+        return None, None
     try:
-        estimate = peak_estimate(unwrap(training.model), batch, EVAL_BATCH, resident)
+        estimate, tensors = peak_estimate(unwrap(training.model), batch, EVAL_BATCH, resident)
     except Exception as exc:  # a model the fake-tensor trace cannot follow: train anyway
         log(f"memory: not estimated ({type(exc).__name__}: {str(exc)[:80]!r})")
-        return None
+        return None, None
     log(f"memory: about {estimate / GIB:.2f} GiB peak per process, estimated ("
         f"{resident[0] / GIB:.2f} GiB resident now plus a training step at batch {batch} and "
-        f"an evaluation batch of {EVAL_BATCH}, traced on fake tensors)")
-    return estimate
+        f"an evaluation batch of {EVAL_BATCH}, traced on fake tensors"
+        f"{untraced(device, tensors)})")
+    return estimate, tensors
 
 
 @contextlib.contextmanager
@@ -388,6 +391,7 @@ def _report(task: Task, model: nn.Module, state: dict, log: Log) -> dict:
     now = memory_now(next(model.parameters()).device)
     results["memory_peak_bytes"] = None if now is None else now[1]  # the test's too
     results["memory_estimate_bytes"] = state.get("memory_estimate")
+    results["memory_tensors_bytes"] = state.get("memory_tensors")
     if now is not None:
         log(f"memory: {now[1] / GIB:.2f} GiB peak per process over the whole run")
     write_json(run_dir / "results.json", results)
