@@ -24,6 +24,7 @@ from capsnet.atomic import atomic_path
 from capsnet.checkpoint import WEIGHTS_SUFFIX, load_checkpoint, load_model, save_weights
 from capsnet.config import config_to_dict
 from capsnet.data.model_view import class_names
+from capsnet.losses import SCORE_NAMES
 from capsnet.models import entry_of
 
 FORMATS = ("onnx", "pt2", "torchscript")
@@ -52,15 +53,19 @@ class InferenceModel(nn.Module):
 
 
 def describe(model: nn.Module) -> dict:
-    """What is stored with an exported file: model, config, input, outputs, class names."""
-    cfg = model.config
-    # a CNN's capsule head (--cnn-head capsules) scores with lengths, as the capsule models do
-    scores = "lengths" if getattr(cfg, "head", None) == "capsules" else entry_of(cfg).scores
+    """What is stored with an exported file: model, config, input, outputs, class names. The
+    outputs are named from what the model returns (one blank image, eval mode): its scores
+    by the loss that trains them (capsnet.losses.SCORE_NAMES), the reconstructions if any."""
+    cfg, was_training = model.config, model.training
+    with torch.no_grad():
+        out = model.eval()(torch.zeros(1, cfg.in_channels, cfg.image_size, cfg.image_size,
+                                       device=next(model.parameters()).device))
+    model.train(was_training)
+    outputs = [SCORE_NAMES[out.loss]] + ([] if out.reconstructions is None else ["reconstructions"])
     return {"format": "capsnet-export", "model": entry_of(cfg).name,
             "config": config_to_dict(cfg), "input": INPUT_NAME,
             "input_shape": [BATCH_AXIS, cfg.in_channels, cfg.image_size, cfg.image_size],
-            "input_range": [0.0, 1.0],
-            "outputs": [scores, "reconstructions"] if getattr(model, "decoder", None) else [scores],
+            "input_range": [0.0, 1.0], "outputs": outputs,
             "class_names": class_names(cfg), "dataset": cfg.dataset}
 
 

@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 M_PLUS, M_MINUS, LAMBDA = 0.9, 0.1, 0.5
 RECONSTRUCTION_WEIGHT = 0.0005
+# What a model's class scores are, by the loss that trains them (their name in exported files).
+SCORE_NAMES = {"margin": "lengths", "spread": "activations", "cross_entropy": "probabilities"}
 # Spread loss: "starting from a small margin of 0.2 and linearly increasing it during
 # training to 0.9" (Hinton et al. 2018, section 4).
 SPREAD_MARGIN_START, SPREAD_MARGIN_END = 0.2, 0.9

@@ -100,7 +100,6 @@ class ModelEntry:
     # initialisation before training (never on a resumed one)
     initialise: Callable[[nn.Module, torch.Tensor], str] | None = None
     loss: str = "margin"  # its training loss (its ModelOutput's ``loss``, see capsnet.losses)
-    scores: str = "lengths"  # what the class scores are called in exported files
 
     def lr_for(self, preset: str) -> float:
         return self.preset_lr.get(preset, self.lr)

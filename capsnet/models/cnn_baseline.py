@@ -153,5 +153,4 @@ ENTRY = ModelEntry(
     preset_lr={"small": 1e-3, "tiny": 1e-3},
     check=check_cnn,
     loss="cross_entropy",  # the linear head's; the capsule head's output names CAPSULE_HEAD_LOSS
-    scores="probabilities",
 )

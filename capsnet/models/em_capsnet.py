@@ -167,5 +167,4 @@ ENTRY = ModelEntry(
     routing_view=routing_view,
     initialise=EMCapsNet.initialise_from_data,
     loss="spread",
-    scores="activations",
 )
