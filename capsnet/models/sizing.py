@@ -119,13 +119,13 @@ def peak_estimate(model: nn.Module, batch: int, eval_batch: int,
     (now, peak so far: the libraries, the data, the weights) and :func:`traced_peak_bytes`,
     and the part of it the tensors alive at once take. On a GPU the measure is
     the caching allocator's allocated bytes: the larger phase, which the trace counts. On a
-    CPU it is the resident set, and glibc's heap (kept, never handed back:
+    CPU it is the resident set, and glibc's heap (freed memory kept for reuse:
     capsnet.devices.keep_freed_memory) also holds the fragments between live tensors, which
     no trace of shapes sees and which depend on the order of every allocation (the OpenMP
-    threads' timing included). There the estimate takes the phases as adding, as if
-    evaluation reused nothing training freed: within 12% of the measured peak for CapsNet,
-    Efficient-CapsNet and the capsule head; EM's blocks of 0.6-0.9 GiB fragment the heap
-    further (docs/performance.md, Memory)."""
+    threads' timing included). There the estimate adds the phases, as if evaluation reused
+    nothing training freed, an allowance for them: within 10% of the measured peak for
+    CapsNet, Efficient-CapsNet and the capsule head, under it for EM, whose blocks of
+    0.6-0.9 GiB fragment the heap further (results/notes/cpu-memory.md)."""
     now, peak = resident
     training, evaluation = traced_peak_bytes(model, batch, eval_batch)
     tensors = max(peak, now + max(training, evaluation))
