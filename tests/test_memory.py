@@ -100,7 +100,7 @@ def test_train_logs_the_measure_with_the_plan(tiny_mnist_dir, tmp_path, capsys):
     assert (resident_bytes() is None) or results["memory_peak_bytes"] > 0
     estimate = out.index("memory: about")  # printed before the first epoch
     assert estimate < out.index("epoch 1 |") and "traced on fake tensors" in out
-    assert "the rest allows for the heap's fragments" in out  # a CPU's: what the trace cannot see
+    assert "without the heap's fragments" in out  # a CPU's: what the trace cannot see
     if resident_bytes() is not None:
         assert 0 < results["memory_tensors_bytes"] <= results["memory_estimate_bytes"]
 
@@ -140,6 +140,7 @@ def test_a_cpu_estimate_adds_the_phases_and_names_the_part_its_tensors_take():
     training, evaluation = traced_peak_bytes(model, STEP_BATCH, EVAL_IMAGES)
     estimate, tensors = peak_estimate(model, STEP_BATCH, EVAL_IMAGES, (now, now))
     assert (estimate, tensors) == (now + training + evaluation, now + max(training, evaluation))
-    line = untraced(torch.device("cpu"), tensors)
-    assert f"its tensors take {tensors / GIB:.2f} GiB at once" in line and "fragments" in line
-    assert untraced(torch.device("cuda"), tensors) == ""
+    line = untraced(torch.device("cpu"), estimate, tensors)
+    assert f"; {tensors / GIB:.2f} GiB of it without the heap's fragments" in line
+    assert f"the {(estimate - tensors) / GIB:.2f} GiB allowed" in line
+    assert untraced(torch.device("cuda"), tensors, tensors) == ""

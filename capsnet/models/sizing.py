@@ -134,13 +134,13 @@ def peak_estimate(model: nn.Module, batch: int, eval_batch: int,
     return max(peak, now + training + evaluation), tensors
 
 
-def untraced(device: torch.device, tensors: int) -> str:
-    """What the trace cannot see, for the estimate's log line: on a CPU the heap's fragments
-    beside the ``tensors``; nothing on a GPU."""
+def untraced(device: torch.device, estimate: int, tensors: int) -> str:
+    """What the trace cannot see, for the estimate's log line: on a CPU the heap's fragments,
+    allowed for by what the ``estimate`` holds beyond the ``tensors``; nothing on a GPU."""
     if device.type != "cpu":
         return ""
-    return (f"; its tensors take {tensors / GIB:.2f} GiB at once, the rest allows for the "
-            f"heap's fragments, which vary from run to run and can be larger")
+    return (f"; {tensors / GIB:.2f} GiB of it without the heap's fragments, which vary from "
+            f"run to run and can exceed the {(estimate - tensors) / GIB:.2f} GiB allowed")
 
 
 def data_shape(config) -> str:
