@@ -71,9 +71,14 @@ def squash_grad(g: torch.Tensor, u: torch.Tensor, k: torch.Tensor, f: torch.Tens
     return torch.addcmul(g, u, along * torch.rsub(f, 1, alpha=2)) * k  # 1 - 2 f
 
 
+def under_autograd(s: torch.Tensor) -> bool:
+    """Whether ``s``'s squash is differentiated: then :class:`Squash` computes it."""
+    return s.requires_grad and torch.is_grad_enabled() and not torch.jit.is_tracing()
+
+
 def squash_with_parts(s: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, ...]:
     """squash(s) and the parts (u, k, f) of s that its gradient reuses (squash_grad)."""
-    if s.requires_grad and torch.is_grad_enabled() and not torch.jit.is_tracing():
+    if under_autograd(s):
         return Squash.apply(s, dim)
     return squash_parts(s, dim)
 
@@ -83,7 +88,7 @@ def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
     at s = 0 (v = 0, gradient 0) and for huge vectors (unit length, finite gradient). Under
     autograd :class:`Squash` (the analytic gradient); without (inference, export) ten plain
     kernels (:func:`squash_terms`)."""
-    if s.requires_grad and torch.is_grad_enabled() and not torch.jit.is_tracing():
+    if under_autograd(s):
         return Squash.apply(s, dim)[0]
     t, _, _, m = squash_terms(s, dim)
     return t * m
