@@ -140,7 +140,7 @@ def test_a_cpu_estimate_adds_the_phases_and_names_the_part_its_tensors_take():
     training, evaluation = traced_peak_bytes(model, STEP_BATCH, EVAL_IMAGES)
     estimate, tensors = peak_estimate(model, STEP_BATCH, EVAL_IMAGES, (now, now))
     assert (estimate, tensors) == (now + training + evaluation, now + max(training, evaluation))
-    line = untraced(estimate, tensors)
+    line = untraced(torch.device("cpu"), estimate, tensors)
     assert f"; {tensors / GIB:.2f} GiB of it without the heap's fragments" in line
     assert f"the {(estimate - tensors) / GIB:.2f} GiB allowed" in line
-    assert untraced(tensors, tensors) == ""
+    assert untraced(torch.device("cuda"), tensors, tensors) == ""

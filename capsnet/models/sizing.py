@@ -134,11 +134,10 @@ def peak_estimate(model: nn.Module, batch: int, eval_batch: int,
     return max(peak, now + training + evaluation), tensors
 
 
-def untraced(estimate: int, tensors: int) -> str:
+def untraced(device: torch.device, estimate: int, tensors: int) -> str:
     """What the trace cannot see, for the estimate's log line: on a CPU the heap's fragments,
-    allowed for by what the ``estimate`` holds beyond the ``tensors``; nothing where the two
-    are one figure (a GPU: :func:`peak_estimate`)."""
-    if estimate == tensors:
+    allowed for by what the ``estimate`` holds beyond the ``tensors``; nothing on a GPU."""
+    if device.type != "cpu":
         return ""
     return (f"; {tensors / GIB:.2f} GiB of it without the heap's fragments, which vary from "
             f"run to run and can exceed the {(estimate - tensors) / GIB:.2f} GiB allowed")

@@ -269,7 +269,7 @@ def estimated_memory(training: Training, batch: int, device: torch.device,
     log(f"memory: about {estimate / GIB:.2f} GiB peak per process, estimated ("
         f"{resident[0] / GIB:.2f} GiB resident now plus a training step at batch {batch} and "
         f"an evaluation batch of {EVAL_BATCH}, traced on fake tensors"
-        f"{untraced(estimate, tensors)})")
+        f"{untraced(device, estimate, tensors)})")
     return estimate, tensors
 
 
